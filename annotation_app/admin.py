@@ -1,0 +1,78 @@
+"""Django admin for every model of the annotation domain."""
+
+from django.contrib import admin
+from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
+
+from .models import Assignment, Recording, Review, Step, Task, Trajectory, User
+
+
+@admin.register(User)
+class UserAdmin(BaseUserAdmin):
+    list_display = ("username", "email", "role", "is_staff", "is_active")
+    list_filter = ("role", "is_staff", "is_active")
+    fieldsets = (*BaseUserAdmin.fieldsets, ("Role", {"fields": ("role",)}))
+    add_fieldsets = (*BaseUserAdmin.add_fieldsets, ("Role", {"fields": ("role",)}))
+
+
+@admin.register(Task)
+class TaskAdmin(admin.ModelAdmin):
+    list_display = (
+        "id",
+        "external_id",
+        "short_instruction",
+        "platform",
+        "domain",
+        "difficulty",
+        "importance",
+        "status",
+    )
+    list_filter = ("status", "platform", "difficulty")
+    search_fields = ("instruction", "external_id", "domain")
+    raw_id_fields = ("parent", "created_by")
+    show_full_result_count = False  # the pool holds 100k+ rows
+
+    @admin.display(description="instruction")
+    def short_instruction(self, task: Task) -> str:
+        return task.instruction[:80]
+
+
+@admin.register(Assignment)
+class AssignmentAdmin(admin.ModelAdmin):
+    list_display = ("id", "task", "annotator", "status", "assigned_at", "finished_at")
+    list_filter = ("status",)
+    raw_id_fields = ("task", "annotator")
+
+
+class StepInline(admin.TabularInline):
+    model = Step
+    extra = 0
+    fields = ("index", "source", "thought", "action_text", "screenshot")
+    show_change_link = True
+
+
+@admin.register(Trajectory)
+class TrajectoryAdmin(admin.ModelAdmin):
+    list_display = ("id", "task", "annotator", "mode", "status", "model_version", "created_at")
+    list_filter = ("mode", "status")
+    raw_id_fields = ("task", "annotator", "model_version")
+    inlines = [StepInline]
+
+
+@admin.register(Step)
+class StepAdmin(admin.ModelAdmin):
+    list_display = ("id", "trajectory", "index", "source", "action_text")
+    list_filter = ("source",)
+    raw_id_fields = ("trajectory",)
+
+
+@admin.register(Recording)
+class RecordingAdmin(admin.ModelAdmin):
+    list_display = ("id", "trajectory", "audio_content_type", "event_count", "duration_s", "created_at")
+    raw_id_fields = ("trajectory",)
+
+
+@admin.register(Review)
+class ReviewAdmin(admin.ModelAdmin):
+    list_display = ("id", "trajectory", "reviewer", "verdict", "score", "created_at")
+    list_filter = ("verdict",)
+    raw_id_fields = ("trajectory", "reviewer")

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class AnnotationAppConfig(AppConfig):
+    name = "annotation_app"
+    verbose_name = "Annotation"

@@ -1,0 +1,229 @@
+"""The annotation domain's tables: users with roles, tasks, assignments, trajectories, steps, recordings, reviews.
+
+Binary payloads (screenshots, audio, raw event logs) live in Django storage; rows hold their paths and checksums.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractUser
+from django.db import models
+from django.db.models import Q
+
+
+class Role(models.TextChoices):
+    ANNOTATOR = "annotator", "Annotator"
+    DATA_LEAD = "data_lead", "Data lead"
+    ML_ENGINEER = "ml_engineer", "ML engineer"
+
+
+class User(AbstractUser):
+    """A person using the platform; `role` decides what they may see and do (see annotation_app.permissions)."""
+
+    role = models.CharField(max_length=20, choices=Role.choices, default=Role.ANNOTATOR)
+
+
+class Task(models.Model):
+    """Something to do on a computer, phone or browser: an instruction plus optional OSWorld-style setup/evaluator."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "Pending"
+        ASSIGNED = "assigned", "Assigned"
+        COMPLETED = "completed", "Completed"
+        ARCHIVED = "archived", "Archived"
+
+    class Platform(models.TextChoices):
+        DESKTOP = "desktop", "Desktop"
+        BROWSER = "browser", "Browser"
+        MOBILE = "mobile", "Mobile"
+        GAME = "game", "Game"
+
+    external_id = models.CharField(
+        max_length=200, unique=True, null=True, blank=True, help_text="Id in the source dataset (e.g. OSWorld uuid)."
+    )
+    instruction = models.TextField()
+    platform = models.CharField(max_length=20, choices=Platform.choices, default=Platform.DESKTOP)
+    domain = models.CharField(max_length=100, blank=True, help_text="App or domain, e.g. chrome, libreoffice_calc.")
+    related_apps = models.JSONField(default=list, blank=True)
+    difficulty = models.PositiveSmallIntegerField(default=3, help_text="1 (trivial) to 5 (expert).")
+    importance = models.SmallIntegerField(default=0, help_text="Higher is handed out first.")
+    setup_config = models.JSONField(default=list, blank=True, help_text="OSWorld `config`: [{type, parameters}].")
+    evaluator = models.JSONField(default=dict, blank=True, help_text="OSWorld `evaluator`: {func, result, expected}.")
+    metadata = models.JSONField(default=dict, blank=True)
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children")
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.PENDING)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-importance", "id"]
+        indexes = [
+            # The queue's hot query: the most important pending task first.
+            models.Index(models.F("importance").desc(), "id", name="task_queue_idx", condition=Q(status="pending")),
+            models.Index(fields=["domain"]),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=Q(difficulty__gte=1, difficulty__lte=5), name="task_difficulty_1_5"),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.instruction[:60]}"
+
+
+class Assignment(models.Model):
+    """One annotator holding one task. At most one active assignment per task, enforced by the database."""
+
+    class Status(models.TextChoices):
+        ACTIVE = "active", "Active"
+        COMPLETED = "completed", "Completed"
+        SKIPPED = "skipped", "Skipped"
+        EXPIRED = "expired", "Expired"
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="assignments")
+    annotator = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="assignments")
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.ACTIVE)
+    assigned_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["task"], condition=Q(status="active"), name="one_active_assignment_per_task"
+            ),
+        ]
+        indexes = [models.Index(fields=["annotator", "status"])]
+
+    def __str__(self) -> str:
+        return f"{self.annotator} → task {self.task_id} ({self.status})"
+
+
+class Trajectory(models.Model):
+    """One attempt at a task: by an annotator (in-situ or interactive with model proposals) or by the model alone."""
+
+    class Mode(models.TextChoices):
+        IN_SITU = "in_situ", "In-situ think-aloud"
+        INTERACTIVE = "interactive", "Interactive (model proposes)"
+        ROLLOUT = "rollout", "Model rollout"
+
+    class Status(models.TextChoices):
+        IN_PROGRESS = "in_progress", "In progress"
+        SUBMITTED = "submitted", "Submitted"
+        APPROVED = "approved", "Approved"
+        REJECTED = "rejected", "Rejected"
+
+    task = models.ForeignKey(Task, on_delete=models.PROTECT, related_name="trajectories")
+    annotator = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="trajectories"
+    )
+    mode = models.CharField(max_length=20, choices=Mode.choices)
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.IN_PROGRESS)
+    model_version = models.ForeignKey(
+        "flywheel.ModelVersion",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="trajectories",
+        help_text="The model that proposed actions (interactive) or acted (rollout).",
+    )
+    screen_width = models.PositiveIntegerField(default=1920)
+    screen_height = models.PositiveIntegerField(default=1080)
+    outcome_reward = models.FloatField(null=True, blank=True, help_text="Evaluator result, 0..1, when known.")
+    metadata = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    submitted_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [
+            models.Index(fields=["status", "-created_at"]),
+            models.Index(fields=["annotator", "-created_at"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"trajectory {self.pk} of task {self.task_id} ({self.mode}, {self.status})"
+
+
+def step_screenshot_path(step: Step, filename: str) -> str:
+    ext = filename.rsplit(".", 1)[-1].lower() if "." in filename else "bin"
+    return f"trajectories/{step.trajectory_id}/steps/{step.index:05d}.{ext}"
+
+
+def recording_path(recording: Recording, filename: str) -> str:
+    return f"trajectories/{recording.trajectory_id}/recordings/{filename}"
+
+
+class Step(models.Model):
+    """One observation → thought → action turn of a trajectory."""
+
+    class Source(models.TextChoices):
+        MODEL = "model", "Model (accepted)"
+        HUMAN = "human", "Human"
+
+    trajectory = models.ForeignKey(Trajectory, on_delete=models.CASCADE, related_name="steps")
+    index = models.PositiveIntegerField()
+    screenshot = models.FileField(upload_to=step_screenshot_path, blank=True)
+    screenshot_sha256 = models.CharField(max_length=64, blank=True)
+    thought = models.TextField(blank=True)
+    action_text = models.TextField(help_text="Canonical UI-TARS action text, e.g. click(start_box='(10,20)').")
+    action = models.JSONField(default=dict, blank=True, help_text="The parsed, typed form of action_text.")
+    source = models.CharField(max_length=10, choices=Source.choices, default=Source.HUMAN)
+    candidates = models.JSONField(
+        default=list, blank=True, help_text="Model proposals shown for this step and not taken: [{thought, action}]."
+    )
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    model_latency_ms = models.PositiveIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["trajectory_id", "index"]
+        constraints = [models.UniqueConstraint(fields=["trajectory", "index"], name="unique_step_index")]
+
+    def __str__(self) -> str:
+        return f"step {self.index} of trajectory {self.trajectory_id}"
+
+
+class Recording(models.Model):
+    """In-situ capture material for a trajectory: the think-aloud audio and the raw input-event log."""
+
+    trajectory = models.ForeignKey(Trajectory, on_delete=models.CASCADE, related_name="recordings")
+    audio = models.FileField(upload_to=recording_path, blank=True)
+    audio_sha256 = models.CharField(max_length=64, blank=True)
+    audio_content_type = models.CharField(max_length=50, blank=True)
+    events = models.FileField(upload_to=recording_path, blank=True, help_text="Raw input events, JSON Lines.")
+    events_sha256 = models.CharField(max_length=64, blank=True)
+    event_count = models.PositiveIntegerField(default=0)
+    duration_s = models.FloatField(null=True, blank=True)
+    transcript = models.JSONField(default=list, blank=True, help_text="ASR segments [{start, end, text}].")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"recording {self.pk} of trajectory {self.trajectory_id}"
+
+
+class Review(models.Model):
+    """A data lead's verdict on a submitted trajectory."""
+
+    class Verdict(models.TextChoices):
+        APPROVE = "approve", "Approve"
+        REJECT = "reject", "Reject"
+
+    trajectory = models.ForeignKey(Trajectory, on_delete=models.CASCADE, related_name="reviews")
+    reviewer = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="reviews")
+    verdict = models.CharField(max_length=10, choices=Verdict.choices)
+    score = models.PositiveSmallIntegerField(null=True, blank=True, help_text="Quality 1..5, optional.")
+    comment = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(score__isnull=True) | Q(score__gte=1, score__lte=5), name="review_score_1_5"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.verdict} of trajectory {self.trajectory_id} by {self.reviewer}"

@@ -1,0 +1,232 @@
+"""Settings, all read from the environment (see docs/operations.md for the full list).
+
+Development defaults let `scripts/run` work out of the box; production (DJANGO_ENV=production) refuses to start
+with DEBUG on or without its own secret key.
+"""
+
+import os
+from pathlib import Path
+
+from django.core.exceptions import ImproperlyConfigured
+from kombu import Queue
+
+
+def env(name: str, default: str = "") -> str:
+    return os.environ.get(name, default)
+
+
+def env_bool(name: str, default: bool = False) -> bool:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def env_list(name: str, default: str = "") -> list[str]:
+    return [item.strip() for item in env(name, default).split(",") if item.strip()]
+
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env("VAR_DIR", str(BASE_DIR / "var")))
+
+DEV_SECRET_KEY = "dev-only-insecure-key-do-not-use-in-production"
+ENVIRONMENT = env("DJANGO_ENV", "development")
+SECRET_KEY = env("DJANGO_SECRET_KEY", DEV_SECRET_KEY)
+DEBUG = env_bool("DJANGO_DEBUG", ENVIRONMENT == "development")
+
+if ENVIRONMENT == "production":
+    if DEBUG:
+        raise ImproperlyConfigured("DJANGO_DEBUG must be off when DJANGO_ENV=production.")
+    if SECRET_KEY == DEV_SECRET_KEY or len(SECRET_KEY) < 32:
+        raise ImproperlyConfigured("Set DJANGO_SECRET_KEY (at least 32 characters) when DJANGO_ENV=production.")
+
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
+CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS")
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "django_htmx",
+    "channels",
+    "annotation_app",
+    "flywheel",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "annotation_app.urls"
+ASGI_APPLICATION = "annotation_app.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "annotation_app.context_processors.navigation",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": env("DATABASE_NAME", "annotation"),
+        "USER": env("DATABASE_USER", "annotation"),
+        "PASSWORD": env("DATABASE_PASSWORD", "annotation-local"),
+        "HOST": env("PGHOST", "127.0.0.1"),
+        "PORT": env("PGPORT", "54320"),
+        "CONN_MAX_AGE": int(env("DATABASE_CONN_MAX_AGE", "60")),
+        "CONN_HEALTH_CHECKS": True,
+    }
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+AUTH_USER_MODEL = "annotation_app.User"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "home"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = Path(env("STATIC_ROOT", str(VAR_DIR / "static")))
+MEDIA_URL = "/media/"
+MEDIA_ROOT = Path(env("MEDIA_ROOT", str(VAR_DIR / "media")))
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+}
+WHITENOISE_USE_FINDERS = DEBUG
+
+# Upload limits: request bodies (non-file) and each kind of uploaded file.
+DATA_UPLOAD_MAX_MEMORY_SIZE = int(env("DATA_UPLOAD_MAX_MEMORY_SIZE", str(10 * 1024 * 1024)))
+FILE_UPLOAD_MAX_MEMORY_SIZE = 5 * 1024 * 1024
+MAX_SCREENSHOT_BYTES = int(env("MAX_SCREENSHOT_BYTES", str(8 * 1024 * 1024)))
+MAX_AUDIO_BYTES = int(env("MAX_AUDIO_BYTES", str(200 * 1024 * 1024)))
+MAX_EVENTS_BYTES = int(env("MAX_EVENTS_BYTES", str(50 * 1024 * 1024)))
+MAX_TASK_IMPORT_BYTES = int(env("MAX_TASK_IMPORT_BYTES", str(20 * 1024 * 1024)))
+
+# How long an annotator may hold a task before the beat job hands it back to the pool.
+ASSIGNMENT_TTL_HOURS = float(env("ASSIGNMENT_TTL_HOURS", "24"))
+
+REDIS_URL = env("REDIS_URL", "redis://127.0.0.1:63790")
+REDIS_DB_CELERY = int(env("REDIS_DB_CELERY", "0"))
+REDIS_DB_CHANNELS = int(env("REDIS_DB_CHANNELS", "1"))
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [f"{REDIS_URL}/{REDIS_DB_CHANNELS}"]},
+    }
+}
+
+# Celery: one queue per workload so that a long training job never starves transcription or lease reclaim.
+CELERY_QUEUES = ("default", "asr", "flywheel", "train", "sandbox")
+CELERY_BROKER_URL = f"{REDIS_URL}/{REDIS_DB_CELERY}"
+CELERY_RESULT_BACKEND = f"{REDIS_URL}/{REDIS_DB_CELERY}"
+CELERY_TASK_QUEUES = tuple(Queue(name) for name in CELERY_QUEUES)
+CELERY_TASK_DEFAULT_QUEUE = "default"
+CELERY_TASK_ROUTES = {
+    "annotation_app.asr.*": {"queue": "asr"},
+    "flywheel.*": {"queue": "flywheel"},
+    "training.*": {"queue": "train"},
+    "sandbox.*": {"queue": "sandbox"},
+}
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_RESULT_EXPIRES = 24 * 3600
+CELERY_TASK_TRACK_STARTED = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TIMEZONE = TIME_ZONE
+CELERY_BEAT_SCHEDULE = {
+    "release-stale-assignments": {
+        "task": "annotation_app.tasks.release_stale_assignments",
+        "schedule": 300.0,
+    },
+}
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_PARSER_CLASSES": [
+        "rest_framework.parsers.JSONParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"]
+    + (["rest_framework.renderers.BrowsableAPIRenderer"] if DEBUG else []),
+    "EXCEPTION_HANDLER": "annotation_app.api.errors.exception_handler",
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "GUI-agent annotation platform API",
+    "DESCRIPTION": "Tasks, annotation queue and trajectories. Authenticate with `Authorization: Token <key>`.",
+    "VERSION": "0.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+SESSION_COOKIE_HTTPONLY = True
+SECURE_CONTENT_TYPE_NOSNIFF = True
+X_FRAME_OPTIONS = "DENY"
+if ENVIRONMENT == "production":
+    SESSION_COOKIE_SECURE = env_bool("DJANGO_SECURE_COOKIES", True)
+    CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env("LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

@@ -1,0 +1,14 @@
+"""Test settings: the real PostgreSQL and Redis, on Redis databases of their own and a throwaway media folder."""
+
+import os
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("REDIS_DB_CELERY", "14")
+os.environ.setdefault("REDIS_DB_CHANNELS", "15")
+
+from .settings import *  # noqa: F403
+
+MEDIA_ROOT = Path(tempfile.mkdtemp(prefix="annotation-test-media-"))
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # speed only; never outside tests
+STORAGES = {**STORAGES, "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}  # noqa: F405

@@ -1,0 +1,106 @@
+"""The annotators' task queue: hands out the next task atomically and takes tasks back.
+
+Claiming uses `SELECT … FOR UPDATE SKIP LOCKED`, so concurrent annotators never wait on each other and never get
+the same task; a partial unique index (one active assignment per task) backs that up in the database.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Exists, OuterRef
+from django.utils import timezone
+
+from .models import Assignment, Task, User
+
+
+class QueueEmpty(Exception):
+    """No pending task is left for this annotator."""
+
+
+def current_assignment(annotator: User) -> Assignment | None:
+    return (
+        Assignment.objects.select_related("task")
+        .filter(annotator=annotator, status=Assignment.Status.ACTIVE)
+        .order_by("assigned_at")
+        .first()
+    )
+
+
+def next_task(annotator: User) -> Assignment:
+    """The annotator's active assignment, or a newly claimed one: the most important pending task they never skipped.
+
+    Raises QueueEmpty when nothing is left.
+    """
+    active = current_assignment(annotator)
+    if active is not None:
+        return active
+    skipped_by_me = Assignment.objects.filter(
+        task=OuterRef("pk"), annotator=annotator, status=Assignment.Status.SKIPPED
+    )
+    with transaction.atomic():
+        # Serialise one annotator's own concurrent requests (double clicks) so they hold one task, not two.
+        User.objects.select_for_update().filter(pk=annotator.pk).values_list("pk", flat=True).get()
+        active = current_assignment(annotator)
+        if active is not None:
+            return active
+        task = (
+            Task.objects.select_for_update(skip_locked=True)
+            .filter(status=Task.Status.PENDING)
+            .exclude(Exists(skipped_by_me))
+            .order_by("-importance", "id")
+            .only("id")
+            .first()
+        )
+        if task is None:
+            raise QueueEmpty("No pending tasks are left in the queue.")
+        Task.objects.filter(pk=task.pk).update(status=Task.Status.ASSIGNED, updated_at=timezone.now())
+        assignment = Assignment.objects.create(task_id=task.pk, annotator=annotator)
+    return Assignment.objects.select_related("task").get(pk=assignment.pk)
+
+
+def _finish(assignment: Assignment, status: str, task_status: str) -> None:
+    now = timezone.now()
+    with transaction.atomic():
+        updated = Assignment.objects.filter(pk=assignment.pk, status=Assignment.Status.ACTIVE).update(
+            status=status, finished_at=now
+        )
+        if updated:
+            Task.objects.filter(pk=assignment.task_id, status=Task.Status.ASSIGNED).update(
+                status=task_status, updated_at=now
+            )
+    assignment.refresh_from_db()
+
+
+def skip_current(annotator: User) -> Assignment:
+    """Hand the current task back to the pool (it won't come back to this annotator) and claim the next one."""
+    active = current_assignment(annotator)
+    if active is not None:
+        _finish(active, Assignment.Status.SKIPPED, Task.Status.PENDING)
+    return next_task(annotator)
+
+
+def complete_assignment(annotator: User, task: Task) -> None:
+    """Mark the annotator's active assignment of `task` done (called when they submit a trajectory for it)."""
+    active = Assignment.objects.filter(annotator=annotator, task=task, status=Assignment.Status.ACTIVE).first()
+    if active is not None:
+        _finish(active, Assignment.Status.COMPLETED, Task.Status.COMPLETED)
+
+
+def release_stale_assignments(older_than: timedelta | None = None) -> int:
+    """Expire assignments held longer than the TTL and put their tasks back in the pool. Returns how many."""
+    older_than = older_than or timedelta(hours=settings.ASSIGNMENT_TTL_HOURS)
+    cutoff = timezone.now() - older_than
+    released = 0
+    with transaction.atomic():
+        stale = list(
+            Assignment.objects.select_for_update(skip_locked=True).filter(
+                status=Assignment.Status.ACTIVE, assigned_at__lt=cutoff
+            )
+        )
+        for assignment in stale:
+            _finish(assignment, Assignment.Status.EXPIRED, Task.Status.PENDING)
+            released += 1
+    return released

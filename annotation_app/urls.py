@@ -1,0 +1,32 @@
+"""URL map: role pages, htmx fragments, API under /api/, admin, auth."""
+
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+
+from flywheel import views as flywheel_views
+
+from . import views
+
+urlpatterns = [
+    path("", views.home, name="home"),
+    path("healthz", views.healthz, name="healthz"),
+    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("annotate/", views.annotate, name="annotate"),
+    path("annotate/next/", views.annotate_next, name="annotate-next"),
+    path("lead/", views.lead, name="lead"),
+    path("lead/import/", views.lead_import, name="lead-import"),
+    path("trajectories/<int:pk>/", views.trajectory_detail, name="trajectory"),
+    path("trajectories/<int:pk>/review/", views.trajectory_review, name="trajectory-review"),
+    path("flywheel/", flywheel_views.overview, name="flywheel"),
+    path("flywheel/models/<int:pk>/promote/", flywheel_views.promote, name="flywheel-promote"),
+    path("media/<path:path>", views.media, name="media"),
+    path("api/", include("annotation_app.api.urls")),
+    path("admin/", admin.site.urls),
+]
+
+handler400 = "annotation_app.errors.bad_request"
+handler403 = "annotation_app.errors.permission_denied"
+handler404 = "annotation_app.errors.page_not_found"
+handler500 = "annotation_app.errors.server_error"

@@ -1,0 +1,189 @@
+"""Browser pages: role landing pages and their htmx fragments. Logic lives in task_queue, task_import, trajectories."""
+
+from __future__ import annotations
+
+import mimetypes
+from pathlib import PurePosixPath
+
+from django.conf import settings
+from django.core.paginator import Paginator
+from django.db import connection
+from django.db.models import Count, Q
+from django.http import FileResponse, Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_GET, require_POST
+
+from . import task_queue, trajectories
+from .models import Review, Role, Task, Trajectory
+from .permissions import Capability, can, requires, trajectories_visible_to
+from .task_import import TaskImportError, import_tasks
+from .trajectories import Conflict
+
+LANDING = {Role.ANNOTATOR: "annotate", Role.DATA_LEAD: "lead", Role.ML_ENGINEER: "flywheel"}
+
+
+@require_GET
+def home(request: HttpRequest) -> HttpResponse:
+    if not request.user.is_authenticated:
+        return redirect("login")
+    if request.user.is_superuser:
+        return redirect("lead")
+    return redirect(LANDING.get(request.user.role, "login"))
+
+
+@require_GET
+def healthz(request: HttpRequest) -> JsonResponse:
+    """Liveness for load balancers and scripts: the database answers."""
+    with connection.cursor() as cursor:
+        cursor.execute("select 1")
+    return JsonResponse({"status": "ok"})
+
+
+# --- annotator -------------------------------------------------------------------------------------------------
+
+
+@require_GET
+@requires(Capability.ANNOTATE)
+def annotate(request: HttpRequest) -> HttpResponse:
+    context = {
+        "assignment": task_queue.current_assignment(request.user),
+        "trajectories": Trajectory.objects.filter(annotator=request.user)
+        .select_related("task")
+        .annotate(step_count=Count("steps"))[:20],
+        "done_count": request.user.assignments.filter(status="completed").count(),
+    }
+    return render(request, "annotation_app/annotate.html", context)
+
+
+@require_POST
+@requires(Capability.ANNOTATE)
+def annotate_next(request: HttpRequest) -> HttpResponse:
+    """htmx: take the next task (or skip the current one); answers the 'current task' fragment."""
+    error = ""
+    try:
+        if request.POST.get("skip") == "1":
+            assignment = task_queue.skip_current(request.user)
+        else:
+            assignment = task_queue.next_task(request.user)
+    except task_queue.QueueEmpty as exc:
+        assignment, error = None, str(exc)
+    if not request.htmx:
+        return redirect("annotate")
+    return render(request, "annotation_app/_current_task.html", {"assignment": assignment, "error": error})
+
+
+# --- data lead -------------------------------------------------------------------------------------------------
+
+
+@require_GET
+@requires(Capability.MANAGE_TASKS)
+def lead(request: HttpRequest) -> HttpResponse:
+    tasks = Task.objects.order_by("-importance", "id")
+    status, domain, query = (request.GET.get(k, "").strip() for k in ("status", "domain", "q"))
+    if status in Task.Status.values:
+        tasks = tasks.filter(status=status)
+    if domain:
+        tasks = tasks.filter(domain=domain)
+    if query:
+        tasks = tasks.filter(Q(instruction__icontains=query) | Q(external_id=query))
+    page = Paginator(
+        tasks.only("id", "instruction", "domain", "platform", "difficulty", "importance", "status"),
+        50,
+        allow_empty_first_page=True,
+    ).get_page(request.GET.get("page"))
+    context = {
+        "page": page,
+        "filters": {"status": status, "domain": domain, "q": query},
+        "statuses": Task.Status.choices,
+        "stats": _status_counts(),
+        "to_review": Trajectory.objects.filter(status=Trajectory.Status.SUBMITTED)
+        .select_related("task", "annotator")
+        .order_by("submitted_at")[:20],
+    }
+    template = "annotation_app/_task_table.html" if request.htmx else "annotation_app/lead.html"
+    return render(request, template, context)
+
+
+def _status_counts() -> list[tuple[str, int]]:
+    counts = dict(Task.objects.values_list("status").annotate(n=Count("id")).order_by())
+    return [(label, counts.get(value, 0)) for value, label in Task.Status.choices]
+
+
+@require_POST
+@requires(Capability.MANAGE_TASKS)
+def lead_import(request: HttpRequest) -> HttpResponse:
+    """htmx: import an uploaded JSON/JSONL task file; answers a result fragment (created count or the errors)."""
+    upload = request.FILES.get("file")
+    context: dict = {}
+    status = 200
+    if upload is None:
+        context["message"], status = "Choose a JSON or JSON Lines file to import.", 400
+    elif upload.size > settings.MAX_TASK_IMPORT_BYTES:
+        context["message"] = f"The file is {upload.size} bytes; the limit is {settings.MAX_TASK_IMPORT_BYTES} bytes."
+        status = 413
+    else:
+        try:
+            on_conflict = "skip" if request.POST.get("skip_existing") else "error"
+            context["result"] = import_tasks(
+                upload.read(), upload.name, created_by=request.user, on_conflict=on_conflict
+            )
+        except TaskImportError as exc:
+            context["errors"], context["total_errors"], status = exc.errors, exc.total_errors, 400
+    return render(request, "annotation_app/_import_result.html", context, status=status)
+
+
+# --- trajectories ----------------------------------------------------------------------------------------------
+
+
+@require_GET
+@requires(Capability.VIEW_TASKS)
+def trajectory_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    trajectory = get_object_or_404(
+        trajectories_visible_to(request.user).select_related("task", "annotator", "model_version"), pk=pk
+    )
+    context = {
+        "trajectory": trajectory,
+        "steps": trajectory.steps.all(),
+        "reviews": trajectory.reviews.select_related("reviewer"),
+        "can_review": can(request.user, Capability.REVIEW) and trajectory.status != Trajectory.Status.IN_PROGRESS,
+        "verdicts": Review.Verdict.choices,
+    }
+    return render(request, "annotation_app/trajectory.html", context)
+
+
+@require_POST
+@requires(Capability.REVIEW)
+def trajectory_review(request: HttpRequest, pk: int) -> HttpResponse:
+    trajectory = get_object_or_404(Trajectory, pk=pk)
+    verdict = request.POST.get("verdict", "")
+    score = request.POST.get("score", "")
+    if verdict not in Review.Verdict.values or (score and score not in {"1", "2", "3", "4", "5"}):
+        return HttpResponse("Choose approve or reject, and a score from 1 to 5 if you give one.", status=400)
+    try:
+        trajectories.review(
+            trajectory,
+            request.user,
+            verdict,
+            score=int(score) if score else None,
+            comment=request.POST.get("comment", "")[:5000],
+        )
+    except Conflict as exc:
+        return HttpResponse(str(exc), status=409)
+    return redirect("trajectory", pk=pk)
+
+
+@require_GET
+def media(request: HttpRequest, path: str) -> HttpResponse:
+    """Screenshots and audio are served only to people who may see their trajectory."""
+    if not request.user.is_authenticated:
+        return HttpResponse("Log in to see this file.", status=401)
+    parts = PurePosixPath(path).parts
+    if len(parts) < 3 or parts[0] != "trajectories" or not parts[1].isdigit() or ".." in parts:
+        raise Http404("No such file.")
+    if not trajectories_visible_to(request.user).filter(pk=int(parts[1])).exists():
+        raise Http404("No such file.")
+    full = (settings.MEDIA_ROOT / path).resolve()
+    if not full.is_relative_to(settings.MEDIA_ROOT.resolve()) or not full.is_file():
+        raise Http404("No such file.")
+    content_type = mimetypes.guess_type(full.name)[0] or "application/octet-stream"
+    return FileResponse(full.open("rb"), content_type=content_type)

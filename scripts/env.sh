@@ -1,0 +1,22 @@
+# Shared settings for the project's scripts: paths, ports and the environment the app reads.
+# Sourced, not executed. Every value can be overridden from the caller's environment.
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VAR="${VAR_DIR:-$ROOT/var}"
+VENV="${VENV:-$ROOT/.venv}"
+PYTHON="${PYTHON:-python3}"
+
+export PGHOST="${PGHOST:-127.0.0.1}"
+export PGPORT="${PGPORT:-54320}"
+export DATABASE_NAME="${DATABASE_NAME:-annotation}"
+export DATABASE_USER="${DATABASE_USER:-annotation}"
+export DATABASE_PASSWORD="${DATABASE_PASSWORD:-annotation-local}"
+export REDIS_PORT="${REDIS_PORT:-63790}"
+export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:$REDIS_PORT}"
+export MEDIA_ROOT="${MEDIA_ROOT:-$VAR/media}"
+export STATIC_ROOT="${STATIC_ROOT:-$VAR/static}"
+export WEB_PORT="${WEB_PORT:-8000}"
+export DJANGO_SETTINGS_MODULE="${DJANGO_SETTINGS_MODULE:-annotation_app.settings}"
+export PATH="$VENV/bin:$PATH"
+
+log() { printf '\033[1;34m==>\033[0m %s\n' "$*" >&2; }
+die() { printf '\033[1;31merror:\033[0m %s\n' "$*" >&2; exit 1; }
