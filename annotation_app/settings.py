@@ -213,6 +213,12 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {
+        "TaskStatusEnum": "annotation_app.models.Task.Status",
+        "TrajectoryStatusEnum": "annotation_app.models.Trajectory.Status",
+        "TrajectoryModeEnum": "annotation_app.models.Trajectory.Mode",
+        "AnnotatorModeEnum": [("in_situ", "In-situ think-aloud"), ("interactive", "Interactive (model proposes)")],
+    },
 }
 
 SESSION_COOKIE_HTTPONLY = True

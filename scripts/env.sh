@@ -15,7 +15,6 @@ export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:$REDIS_PORT}"
 export MEDIA_ROOT="${MEDIA_ROOT:-$VAR/media}"
 export STATIC_ROOT="${STATIC_ROOT:-$VAR/static}"
 export WEB_PORT="${WEB_PORT:-8000}"
-export DJANGO_SETTINGS_MODULE="${DJANGO_SETTINGS_MODULE:-annotation_app.settings}"
 export PATH="$VENV/bin:$PATH"
 
 log() { printf '\033[1;34m==>\033[0m %s\n' "$*" >&2; }

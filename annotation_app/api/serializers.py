@@ -237,7 +237,9 @@ class TrajectoryDetailSerializer(TrajectorySerializer):
 
 class TrajectoryCreateSerializer(StrictSerializerMixin, serializers.ModelSerializer):
     task = serializers.PrimaryKeyRelatedField(queryset=Task.objects.all())
-    mode = serializers.ChoiceField(choices=[Trajectory.Mode.IN_SITU, Trajectory.Mode.INTERACTIVE])
+    mode = serializers.ChoiceField(
+        choices=[(m.value, m.label) for m in (Trajectory.Mode.IN_SITU, Trajectory.Mode.INTERACTIVE)]
+    )
     screen_width = serializers.IntegerField(min_value=64, max_value=16384, default=1920)
     screen_height = serializers.IntegerField(min_value=64, max_value=16384, default=1080)
 

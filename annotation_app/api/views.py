@@ -100,7 +100,7 @@ class TrajectoryViewSet(
     def get_queryset(self):  # type: ignore[no-untyped-def]
         queryset = trajectories_visible_to(self.request.user).select_related("annotator")
         if self.action == "list":
-            queryset = queryset.annotate(step_count=Count("steps"))
+            queryset = queryset.annotate(step_count=Count("steps")).order_by("-created_at", "-id")
             for name in ("status", "mode", "task"):
                 if value := self.request.query_params.get(name):
                     queryset = queryset.filter(**{name: value})

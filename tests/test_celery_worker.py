@@ -1,0 +1,65 @@
+"""Celery through a real worker process on the real Redis broker, against the test database."""
+
+import os
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+import pytest
+from django.conf import settings
+from django.db import connection
+from django.utils import timezone
+
+from annotation_app import tasks
+from annotation_app.celery import app
+from annotation_app.models import Assignment, Task
+
+from .factories import AssignmentFactory
+
+
+@pytest.fixture
+def worker(transactional_db):
+    """A `celery worker` subprocess consuming every queue, pointed at pytest's test database."""
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "annotation_app.settings_test",
+        "DATABASE_NAME": connection.settings_dict["NAME"],
+    }
+    app.control.purge()
+    command = [sys.executable, "-m", "celery", "-A", "annotation_app", "worker", "--pool", "solo", "--loglevel", "INFO"]
+    command += ["-Q", ",".join(settings.CELERY_QUEUES), "--without-gossip", "--without-mingle"]
+    command += ["-n", f"test-{os.getpid()}@%h"]
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not app.control.ping(timeout=0.5):
+        assert proc.poll() is None, proc.stdout.read()
+    yield proc
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.mark.slow
+def test_beat_task_runs_in_a_real_worker_on_every_queue(worker):
+    for queue in settings.CELERY_QUEUES:
+        stale = AssignmentFactory()
+        Assignment.objects.filter(pk=stale.pk).update(assigned_at=timezone.now() - timedelta(days=3))
+        result = tasks.release_stale_assignments.apply_async(queue=queue)
+        assert result.get(timeout=60) == 1, f"queue {queue}"
+        stale.refresh_from_db()
+        assert stale.status == Assignment.Status.EXPIRED
+        assert Task.objects.get(pk=stale.task_id).status == Task.Status.PENDING
+
+
+def test_workloads_are_routed_to_their_own_queues():
+    router = app.amqp.router
+    assert router.route({}, "flywheel.tasks.score_trajectories")["queue"].name == "flywheel"
+    assert router.route({}, "training.launch")["queue"].name == "train"
+    assert router.route({}, "sandbox.reclaim_leases")["queue"].name == "sandbox"
+    assert router.route({}, "annotation_app.asr.transcribe")["queue"].name == "asr"
+    assert router.route({}, "annotation_app.tasks.release_stale_assignments")["queue"].name == "default"
+    assert app.conf.task_acks_late and app.conf.task_reject_on_worker_lost and app.conf.worker_prefetch_multiplier == 1
+    assert "release-stale-assignments" in app.conf.beat_schedule

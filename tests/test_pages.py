@@ -1,0 +1,92 @@
+"""The three role pages with demo data, their htmx fragments, and login/logout."""
+
+import pytest
+from django.core.management import call_command
+from django.urls import reverse
+
+from annotation_app.models import Task, Trajectory, User
+from flywheel.models import ModelVersion
+
+
+@pytest.fixture
+def demo(db):
+    call_command("seed_demo", verbosity=0)
+    call_command("seed_demo", verbosity=0)  # idempotent
+
+
+def _login(client, username):
+    assert client.login(username=username, password="demo-pass-123")
+
+
+@pytest.mark.parametrize(
+    ("username", "landing", "text"),
+    [
+        ("annotator", "/annotate/", "My queue"),
+        ("lead", "/lead/", "Task pool"),
+        ("engineer", "/flywheel/", "Model registry"),
+    ],
+)
+def test_each_role_lands_on_its_page(client, demo, username, landing, text):
+    _login(client, username)
+    response = client.get("/", follow=True)
+    assert response.redirect_chain[-1][0] == landing
+    assert text in response.content.decode()
+
+
+def test_demo_data_is_there_once(demo):
+    assert User.objects.filter(username__in=["annotator", "lead", "engineer", "admin"]).count() == 4
+    assert Task.objects.filter(external_id__startswith="demo-").count() == 12
+    assert ModelVersion.objects.filter(is_active=True).count() == 1
+    assert Trajectory.objects.count() == 1
+
+
+def test_annotator_takes_and_skips_tasks_with_htmx(client, demo):
+    _login(client, "annotator")
+    response = client.post(reverse("annotate-next"), HTTP_HX_REQUEST="true")
+    assert response.status_code == 200 and "Skip this task" in response.content.decode()
+    first = Task.objects.get(assignments__annotator__username="annotator", assignments__status="active")
+    client.post(reverse("annotate-next"), {"skip": "1"}, HTTP_HX_REQUEST="true")
+    second = Task.objects.get(assignments__annotator__username="annotator", assignments__status="active")
+    assert first != second
+    assert "base.html" not in [t.name for t in response.templates]  # a fragment, not a whole page
+
+
+def test_task_pool_filters_and_pages(client, demo):
+    _login(client, "lead")
+    response = client.get(reverse("lead"), {"q": "spreadsheet"}, HTTP_HX_REQUEST="true")
+    body = response.content.decode()
+    assert "Sum column B" in body and "bookmark" not in body
+    assert client.get(reverse("lead"), {"page": "999", "status": "bogus"}).status_code == 200
+
+
+def test_review_from_the_trajectory_page(client, demo):
+    trajectory = Trajectory.objects.get()
+    _login(client, "lead")
+    page = client.get(reverse("trajectory", args=[trajectory.pk]))
+    assert "Save review" in page.content.decode() and "hotkey(key=&#x27;ctrl t&#x27;)" in page.content.decode()
+    assert client.post(reverse("trajectory-review", args=[trajectory.pk]), {"verdict": "maybe"}).status_code == 400
+    response = client.post(reverse("trajectory-review", args=[trajectory.pk]), {"verdict": "approve", "score": "4"})
+    assert response.status_code == 302
+    trajectory.refresh_from_db()
+    assert trajectory.status == Trajectory.Status.APPROVED
+
+
+def test_engineer_promotes_a_model(client, demo):
+    new = ModelVersion.objects.create(name="ui-tars-flywheel-1", checkpoint_uri="/ckpt/1")
+    _login(client, "engineer")
+    assert client.post(reverse("flywheel-promote", args=[new.pk])).status_code == 302
+    assert ModelVersion.objects.get(is_active=True) == new
+
+
+def test_login_and_logout(client, demo):
+    response = client.post(reverse("login"), {"username": "lead", "password": "wrong"})
+    assert "didn't match" in response.content.decode()
+    _login(client, "lead")
+    assert client.post(reverse("logout")).status_code == 302
+    assert client.get(reverse("lead")).status_code == 302
+
+
+def test_static_assets_are_local(client, demo):
+    _login(client, "lead")
+    body = client.get(reverse("lead")).content.decode()
+    assert "/static/vendor/htmx.min.js" in body and "https://" not in body
