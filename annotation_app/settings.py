@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
-from kombu import Queue
+from kombu import Exchange, Queue
 
 
 def env(name: str, default: str = "") -> str:
@@ -160,7 +160,10 @@ CHANNEL_LAYERS = {
 CELERY_QUEUES = ("default", "asr", "flywheel", "train", "sandbox")
 CELERY_BROKER_URL = f"{REDIS_URL}/{REDIS_DB_CELERY}"
 CELERY_RESULT_BACKEND = f"{REDIS_URL}/{REDIS_DB_CELERY}"
-CELERY_TASK_QUEUES = tuple(Queue(name) for name in CELERY_QUEUES)
+# Each queue has its own exchange and routing key: shared defaults would copy every message into every queue.
+CELERY_TASK_QUEUES = tuple(Queue(name, Exchange(name, type="direct"), routing_key=name) for name in CELERY_QUEUES)
+CELERY_TASK_DEFAULT_EXCHANGE = "default"
+CELERY_TASK_DEFAULT_ROUTING_KEY = "default"
 CELERY_TASK_DEFAULT_QUEUE = "default"
 CELERY_TASK_ROUTES = {
     "annotation_app.asr.*": {"queue": "asr"},

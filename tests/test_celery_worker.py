@@ -19,7 +19,7 @@ from .factories import AssignmentFactory
 
 
 @pytest.fixture
-def worker(transactional_db):
+def worker(transactional_db, tmp_path):
     """A `celery worker` subprocess consuming every queue, pointed at pytest's test database."""
     env = {
         **os.environ,
@@ -30,16 +30,18 @@ def worker(transactional_db):
     command = [sys.executable, "-m", "celery", "-A", "annotation_app", "worker", "--pool", "solo", "--loglevel", "INFO"]
     command += ["-Q", ",".join(settings.CELERY_QUEUES), "--without-gossip", "--without-mingle"]
     command += ["-n", f"test-{os.getpid()}@%h"]
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = (tmp_path / "worker.log").open("w+")
+    proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not app.control.ping(timeout=0.5):
-        assert proc.poll() is None, proc.stdout.read()
+        assert proc.poll() is None, (tmp_path / "worker.log").read_text()
     yield proc
     proc.terminate()
     try:
         proc.wait(timeout=20)
     except subprocess.TimeoutExpired:
         proc.kill()
+    log.close()
 
 
 @pytest.mark.slow
@@ -63,3 +65,14 @@ def test_workloads_are_routed_to_their_own_queues():
     assert router.route({}, "annotation_app.tasks.release_stale_assignments")["queue"].name == "default"
     assert app.conf.task_acks_late and app.conf.task_reject_on_worker_lost and app.conf.worker_prefetch_multiplier == 1
     assert "release-stale-assignments" in app.conf.beat_schedule
+
+
+def test_a_message_lands_in_its_own_queue_only():
+    app.control.purge()
+    with app.connection_for_write() as conn:
+        redis = conn.default_channel.client
+        for queue in settings.CELERY_QUEUES:
+            tasks.release_stale_assignments.apply_async(queue=queue)
+            lengths = {q: redis.llen(q) for q in settings.CELERY_QUEUES}
+            assert lengths == {q: int(q == queue) for q in settings.CELERY_QUEUES}
+            redis.delete(queue)
