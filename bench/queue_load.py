@@ -86,7 +86,7 @@ def warn(message: str) -> None:
 # --- environment, database, data ----------------------------------------------------------------------------------
 
 
-def project_env() -> dict[str, str]:
+def project_env(conn_max_age: str) -> dict[str, str]:
     """The environment scripts/env.sh gives the app, pointed at the bench database, with DEBUG off."""
     out = subprocess.run(
         ["bash", "-c", "source scripts/env.sh >/dev/null && env -0"],
@@ -101,6 +101,11 @@ def project_env() -> dict[str, str]:
         DJANGO_ALLOWED_HOSTS="127.0.0.1,localhost",
         # DEBUG off serves static files through the manifest: collect them here, not into the project's var/static.
         STATIC_ROOT=str(RESULTS_DIR / "static"),
+        # Under daphne (ASGI) every request runs in a context of its own, so persistent connections
+        # (the settings' default, 60 s) are never reused: each request leaks one until Postgres refuses more.
+        # See bench/README.md; --conn-max-age 60 reproduces it.
+        DATABASE_CONN_MAX_AGE=conn_max_age,
+        DJANGO_SETTINGS_MODULE=os.environ.get("DJANGO_SETTINGS_MODULE") or "annotation_app.settings",
         PYTHONUNBUFFERED="1",
     )
     # The venv's python runs this script; make sure its daphne and manage.py come first.
@@ -328,6 +333,12 @@ def main() -> int:
     parser.add_argument("--tasks", type=int, default=100_000)
     parser.add_argument("--trajectories", type=int, default=10_000)
     parser.add_argument("--annotators", type=int, default=50, help="default 50: one per connection")
+    parser.add_argument(
+        "--conn-max-age",
+        default="0",
+        help="DATABASE_CONN_MAX_AGE for the server (default 0: a connection per request; the settings' own "
+        "default, 60, leaks connections under daphne and ends in HTTP 500s)",
+    )
     parser.add_argument("--port", type=int, default=0, help="daphne's port (default: a free one)")
     parser.add_argument("--output", type=Path, default=RESULTS_DIR / "queue_load.md")
     args = parser.parse_args()
@@ -336,7 +347,7 @@ def main() -> int:
         if shutil.which(tool) is None:
             raise BenchError(f"{tool} not found (apt-get install -y {'wrk' if tool == 'wrk' else 'postgresql-client'})")
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    env = project_env()
+    env = project_env(args.conn_max_age)
     credentials = RESULTS_DIR / "credentials.json"
     data = prepare_data(env, args, credentials)
     credentials_tsv = RESULTS_DIR / "credentials.tsv"
@@ -401,7 +412,8 @@ def main() -> int:
             "",
             f"- when: {datetime.now(UTC):%Y-%m-%d %H:%M:%S} UTC; commit {git_commit()}",
             f"- machine: {platform.node()}, {os.cpu_count()} CPU cores, {platform.platform()}",
-            f"- server: one daphne process on loopback, DEBUG off, database `{BENCH_DB}` "
+            f"- server: one daphne process on loopback, DEBUG off, DATABASE_CONN_MAX_AGE={args.conn_max_age}, "
+            f"database `{BENCH_DB}` "
             f"({', '.join(f'{n} {name}' for name, n in counts.items())})",
             f"- load: `wrk -c {args.connections} -t {args.threads} -d {args.duration} --latency` per scenario, "
             f"after a {args.warmup} warm-up of each; each wrk thread cycles through its share of the "

@@ -1,6 +1,7 @@
 """Django admin for the model registry."""
 
 from django.contrib import admin
+from django.db import models
 
 from .models import ModelVersion
 
@@ -11,3 +12,4 @@ class ModelVersionAdmin(admin.ModelAdmin):
     list_filter = ("is_active",)
     search_fields = ("name", "checkpoint_uri")
     raw_id_fields = ("parent", "created_by")
+    formfield_overrides = {models.URLField: {"assume_scheme": "https"}}  # Django 6's default, without the warning

@@ -162,3 +162,21 @@ def test_owner_annotator_may_change_an_in_progress_trajectory(name, make_user):
     trajectory.status = Trajectory.Status.SUBMITTED
     trajectory.save()
     assert api_client_for(owner).post(reverse(name, args=[trajectory.pk]), {}).status_code == 403
+
+
+def _admin_models():
+    from django.contrib import admin
+
+    return sorted(f"{m._meta.app_label}_{m._meta.model_name}" for m in admin.site._registry)
+
+
+@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize("model", _admin_models())
+def test_admin_is_for_staff_only(role, model, objects, make_user):
+    client, _ = _client(role, make_user)
+    for page in ("changelist", "add"):
+        response = client.get(reverse(f"admin:{model}_{page}"))
+        if role == "superuser":
+            assert response.status_code == 200, f"admin {model} {page}"
+        else:
+            assert response.status_code == 302 and "/admin/login/" in response["Location"]
