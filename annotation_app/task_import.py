@@ -110,7 +110,8 @@ def _check_int(value: Any, name: str, low: int, high: int, errors: list[str]) ->
     return value
 
 
-def _check_setup_config(value: Any, name: str, errors: list[str]) -> list:
+def check_setup_config(value: Any, name: str, errors: list[str]) -> list:
+    """OSWorld `config`: a list of {type, parameters}. Problems are appended to `errors` as "field|message"."""
     if not isinstance(value, list):
         errors.append(f"{name}|must be a list of {{type, parameters}} objects")
         return []
@@ -122,7 +123,8 @@ def _check_setup_config(value: Any, name: str, errors: list[str]) -> list:
     return value
 
 
-def _check_evaluator(value: Any, errors: list[str]) -> dict:
+def check_evaluator(value: Any, errors: list[str]) -> dict:
+    """OSWorld `evaluator`: {func, result, expected, ...} with known keys and metric names in `func`."""
     if not isinstance(value, dict):
         errors.append("evaluator|must be an object like {func, result, expected}")
         return {}
@@ -177,8 +179,8 @@ def validate_record(record: Any) -> tuple[dict, list[tuple[str, str]]]:
     difficulty = _check_int(record.get("difficulty", 3), "difficulty", 1, 5, problems)
     importance = _check_int(record.get("importance", 0), "importance", -1000, 1000, problems)
     config_name = "config" if "config" in record else "setup_config"
-    setup_config = _check_setup_config(record.get(config_name, []), config_name, problems)
-    evaluator = _check_evaluator(record.get("evaluator", {}), problems)
+    setup_config = check_setup_config(record.get(config_name, []), config_name, problems)
+    evaluator = check_evaluator(record.get("evaluator", {}), problems)
     metadata = record.get("metadata", {})
     if not isinstance(metadata, dict):
         problems.append("metadata|must be an object")

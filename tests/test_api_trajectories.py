@@ -187,3 +187,12 @@ def test_task_crud_validation(lead_api):
 def test_api_errors_never_leak_tracebacks(api):
     response = api.get("/api/no-such-endpoint/")
     assert response.status_code == 404 and response.json() == {"detail": "There is nothing here."}
+
+
+def test_api_checks_setup_and_evaluator_like_import(lead_api):
+    bad = {"instruction": "x", "setup_config": [{"parameters": {}}], "evaluator": {"func": "", "colour": 1}}
+    response = lead_api.post(reverse("task-list"), bad, format="json")
+    assert response.status_code == 400
+    errors = response.json()["errors"]
+    assert "non-empty string 'type'" in errors["setup_config"][0]
+    assert any("unknown field(s) colour" in e for e in errors["evaluator"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from rest_framework import serializers
@@ -9,6 +10,16 @@ from rest_framework import serializers
 from flywheel.models import ModelVersion
 
 from ..models import Assignment, Recording, Review, Step, Task, Trajectory
+from ..task_import import check_evaluator, check_setup_config
+
+
+def _checked(check: Callable[..., Any], value: Any, *args: str) -> Any:
+    """Run one of task_import's field checks and turn its problems into a DRF validation error."""
+    problems: list[str] = []
+    check(value, *args, problems)
+    if problems:
+        raise serializers.ValidationError([p.replace("|", ": ", 1) for p in problems])
+    return value
 
 
 class StrictSerializerMixin:
@@ -52,17 +63,12 @@ class TaskSerializer(StrictSerializerMixin, serializers.ModelSerializer):
             raise serializers.ValidationError("Difficulty runs from 1 (trivial) to 5 (expert).")
         return value
 
+    # The same checks as task import, so a task is valid or not whichever way it arrives.
     def validate_setup_config(self, value: Any) -> list:
-        if not isinstance(value, list) or not all(
-            isinstance(i, dict) and isinstance(i.get("type"), str) for i in value
-        ):
-            raise serializers.ValidationError("Must be a list of {type, parameters} objects (OSWorld `config`).")
-        return value
+        return _checked(check_setup_config, value, "setup_config")
 
     def validate_evaluator(self, value: Any) -> dict:
-        if not isinstance(value, dict):
-            raise serializers.ValidationError("Must be an object such as {func, result, expected}.")
-        return value
+        return _checked(check_evaluator, value)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         parent = attrs.get("parent")
