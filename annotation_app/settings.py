@@ -101,8 +101,16 @@ DATABASES = {
         "PASSWORD": env("DATABASE_PASSWORD", "annotation-local"),
         "HOST": env("PGHOST", "127.0.0.1"),
         "PORT": env("PGPORT", "54320"),
-        "CONN_MAX_AGE": int(env("DATABASE_CONN_MAX_AGE", "60")),
-        "CONN_HEALTH_CHECKS": True,
+        # Under ASGI each request runs in a thread of its own, so Django's persistent connections (CONN_MAX_AGE)
+        # would pile up, one per thread; a psycopg pool per process reuses connections safely instead.
+        "CONN_MAX_AGE": 0,
+        "OPTIONS": {
+            "pool": {
+                "min_size": int(env("DATABASE_POOL_MIN", "2")),
+                "max_size": int(env("DATABASE_POOL_MAX", "20")),
+                "timeout": 10,
+            }
+        },
     }
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
