@@ -372,6 +372,7 @@ def main() -> int:
             wrk(server, scenario, args, args.warmup, credentials_tsv, cookie)
 
         rows = []
+        load_before = os.getloadavg()[0]
         for scenario in SCENARIOS:
             log(f"measuring {scenario.name}: wrk -c {args.connections} -t {args.threads} -d {args.duration}")
             cpu_before, wall_before = server.cpu_seconds(), time.monotonic()
@@ -394,6 +395,7 @@ def main() -> int:
                 )
             if server.proc is not None and server.proc.poll() is not None:
                 raise BenchError(f"daphne died; its log:\n{server.log_tail()}")
+        load_after = os.getloadavg()[0]
     finally:
         server.stop()
 
@@ -411,7 +413,9 @@ def main() -> int:
             "# Task-queue load benchmark",
             "",
             f"- when: {datetime.now(UTC):%Y-%m-%d %H:%M:%S} UTC; commit {git_commit()}",
-            f"- machine: {platform.node()}, {os.cpu_count()} CPU cores, {platform.platform()}",
+            f"- machine: {platform.node()}, {os.cpu_count()} CPU cores, {platform.platform()}; "
+            f"1-min load average {load_before:.2f} before the measured runs, {load_after:.2f} after "
+            "(server, PostgreSQL and wrk share these cores: other work on the machine skews the figures)",
             f"- server: one daphne process on loopback, DEBUG off, DATABASE_CONN_MAX_AGE={args.conn_max_age}, "
             f"database `{BENCH_DB}` "
             f"({', '.join(f'{n} {name}' for name, n in counts.items())})",
