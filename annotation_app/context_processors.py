@@ -1,6 +1,8 @@
 """Template context: the navigation entries the current user's role may open."""
 
+from django.conf import settings
 from django.http import HttpRequest
+from django.http.request import split_domain_port
 
 from .permissions import Capability, can
 
@@ -13,4 +15,16 @@ NAV = [
 
 def navigation(request: HttpRequest) -> dict:
     user = getattr(request, "user", None)
-    return {"nav": [(name, label) for name, label, capability in NAV if can(user, capability)]}
+    return {
+        "nav": [(name, label) for name, label, capability in NAV if can(user, capability)],
+        "events_url": events_url(request),
+    }
+
+
+def events_url(request: HttpRequest) -> str:
+    """Where the page's websocket goes: daphne's port on this host, or this origin when a proxy routes /ws/."""
+    if not settings.WS_PUBLIC_PORT:
+        return "/ws/events/"
+    scheme = "wss" if request.is_secure() else "ws"
+    host, _ = split_domain_port(request.get_host())
+    return f"{scheme}://{host}:{settings.WS_PUBLIC_PORT}/ws/events/"

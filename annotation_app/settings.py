@@ -74,8 +74,12 @@ MIDDLEWARE = [
 ]
 
 ROOT_URLCONF = "annotation_app.urls"
+# HTTP is served by gunicorn (WSGI: no thread hop per request, several processes); websockets by daphne (ASGI).
+WSGI_APPLICATION = "annotation_app.wsgi.application"
 ASGI_APPLICATION = "annotation_app.asgi.application"
-WSGI_APPLICATION = None
+# Port of daphne that pages connect their websocket to, on the page's own host; empty: the page's own origin
+# (a reverse proxy routes /ws/ to daphne).
+WS_PUBLIC_PORT = env("WS_PUBLIC_PORT")
 
 TEMPLATES = [
     {
@@ -156,6 +160,13 @@ ASSIGNMENT_TTL_HOURS = float(env("ASSIGNMENT_TTL_HOURS", "24"))
 REDIS_URL = env("REDIS_URL", "redis://127.0.0.1:63790")
 REDIS_DB_CELERY = int(env("REDIS_DB_CELERY", "0"))
 REDIS_DB_CHANNELS = int(env("REDIS_DB_CHANNELS", "1"))
+REDIS_DB_CACHE = int(env("REDIS_DB_CACHE", "2"))
+
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": f"{REDIS_URL}/{REDIS_DB_CACHE}"}
+}
+# Sessions are read from Redis on every page and written through to PostgreSQL, so a Redis flush logs no one out.
+SESSION_ENGINE = "django.contrib.sessions.backends.cached_db"
 
 CHANNEL_LAYERS = {
     "default": {

@@ -6,6 +6,7 @@ from pathlib import Path
 
 os.environ.setdefault("REDIS_DB_CELERY", "14")
 os.environ.setdefault("REDIS_DB_CHANNELS", "15")
+os.environ.setdefault("REDIS_DB_CACHE", "13")
 
 from .settings import *  # noqa: F403
 

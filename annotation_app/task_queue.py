@@ -29,14 +29,16 @@ def current_assignment(annotator: User) -> Assignment | None:
     )
 
 
-def next_task(annotator: User) -> Assignment:
+def next_task(annotator: User, *, skip_current: bool = False) -> Assignment:
     """The annotator's active assignment, or a newly claimed one: the most important pending task they never skipped.
 
-    Raises QueueEmpty when nothing is left.
+    With `skip_current`, the active task goes back to the pool first (it is never offered to them again), in the
+    same transaction as the claim. Raises QueueEmpty when nothing is left (a skipped task stays skipped).
     """
-    active = current_assignment(annotator)
-    if active is not None:
-        return active
+    if not skip_current:
+        active = current_assignment(annotator)  # the common case, answered without a transaction
+        if active is not None:
+            return active
     skipped_by_me = Assignment.objects.filter(
         task=OuterRef("pk"), annotator=annotator, status=Assignment.Status.SKIPPED
     )
@@ -44,26 +46,29 @@ def next_task(annotator: User) -> Assignment:
         # Serialise one annotator's own concurrent requests (double clicks) so they hold one task, not two.
         User.objects.select_for_update().filter(pk=annotator.pk).values_list("pk", flat=True).get()
         active = current_assignment(annotator)
-        if active is not None:
+        if active is not None and not skip_current:
             return active
+        if active is not None:
+            _finish(active, Assignment.Status.SKIPPED, Task.Status.PENDING)
         task = (
             Task.objects.select_for_update(skip_locked=True)
             .filter(status=Task.Status.PENDING)
             .exclude(Exists(skipped_by_me))
             .order_by("-importance", "id")
-            .only("id")
             .first()
         )
-        if task is None:
-            raise QueueEmpty("No pending tasks are left in the queue.")
-        Task.objects.filter(pk=task.pk).update(status=Task.Status.ASSIGNED, updated_at=timezone.now())
-        assignment = Assignment.objects.create(task_id=task.pk, annotator=annotator)
-    return Assignment.objects.select_related("task").get(pk=assignment.pk)
+        if task is not None:
+            task.status = Task.Status.ASSIGNED
+            Task.objects.filter(pk=task.pk).update(status=task.status, updated_at=timezone.now())
+            return Assignment.objects.create(task=task, annotator=annotator)
+    # Outside the transaction: a skip stands even when nothing is left to claim.
+    raise QueueEmpty("No pending tasks are left in the queue.")
 
 
-def _finish(assignment: Assignment, status: str, task_status: str) -> None:
+def _finish(assignment: Assignment, status: str, task_status: str) -> bool:
+    """End an active assignment and move its task to `task_status`; False when it was no longer active."""
     now = timezone.now()
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):  # inside a caller's transaction, no savepoint round trips
         updated = Assignment.objects.filter(pk=assignment.pk, status=Assignment.Status.ACTIVE).update(
             status=status, finished_at=now
         )
@@ -71,15 +76,13 @@ def _finish(assignment: Assignment, status: str, task_status: str) -> None:
             Task.objects.filter(pk=assignment.task_id, status=Task.Status.ASSIGNED).update(
                 status=task_status, updated_at=now
             )
-    assignment.refresh_from_db()
+    assignment.status, assignment.finished_at = status, now
+    return bool(updated)
 
 
 def skip_current(annotator: User) -> Assignment:
     """Hand the current task back to the pool (it won't come back to this annotator) and claim the next one."""
-    active = current_assignment(annotator)
-    if active is not None:
-        _finish(active, Assignment.Status.SKIPPED, Task.Status.PENDING)
-    return next_task(annotator)
+    return next_task(annotator, skip_current=True)
 
 
 def complete_assignment(annotator: User, task: Task) -> None:

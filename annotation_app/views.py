@@ -49,7 +49,9 @@ def annotate(request: HttpRequest) -> HttpResponse:
         "assignment": task_queue.current_assignment(request.user),
         "trajectories": Trajectory.objects.filter(annotator=request.user)
         .select_related("task")
-        .annotate(step_count=Count("steps"))[:20],
+        .only("id", "mode", "status", "created_at", "task__id", "task__instruction")
+        .annotate(step_count=Count("steps"))
+        .order_by("-created_at", "-id")[:20],
         "done_count": request.user.assignments.filter(status="completed").count(),
     }
     return render(request, "annotation_app/annotate.html", context)
@@ -61,10 +63,7 @@ def annotate_next(request: HttpRequest) -> HttpResponse:
     """htmx: take the next task (or skip the current one); answers the 'current task' fragment."""
     error = ""
     try:
-        if request.POST.get("skip") == "1":
-            assignment = task_queue.skip_current(request.user)
-        else:
-            assignment = task_queue.next_task(request.user)
+        assignment = task_queue.next_task(request.user, skip_current=request.POST.get("skip") == "1")
     except task_queue.QueueEmpty as exc:
         assignment, error = None, str(exc)
     if not request.htmx:

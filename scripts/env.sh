@@ -15,6 +15,11 @@ export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:$REDIS_PORT}"
 export MEDIA_ROOT="${MEDIA_ROOT:-$VAR/media}"
 export STATIC_ROOT="${STATIC_ROOT:-$VAR/static}"
 export WEB_PORT="${WEB_PORT:-8000}"
+export WS_PORT="${WS_PORT:-8001}"
+# Pages open their websocket on this port of the same host; leave it empty behind a proxy that routes /ws/.
+export WS_PUBLIC_PORT="${WS_PUBLIC_PORT-$WS_PORT}"
+export WEB_WORKERS="${WEB_WORKERS:-4}"
+export WEB_THREADS="${WEB_THREADS:-2}"
 export PATH="$VENV/bin:$PATH"
 
 log() { printf '\033[1;34m==>\033[0m %s\n' "$*" >&2; }

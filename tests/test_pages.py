@@ -90,3 +90,11 @@ def test_static_assets_are_local(client, demo):
     _login(client, "lead")
     body = client.get(reverse("lead")).content.decode()
     assert "/static/vendor/htmx.min.js" in body and "https://" not in body
+
+
+def test_pages_open_their_websocket_on_daphne(client, demo, settings):
+    _login(client, "lead")
+    settings.WS_PUBLIC_PORT = "8001"
+    assert 'data-events-url="ws://testserver:8001/ws/events/"' in client.get(reverse("lead")).content.decode()
+    settings.WS_PUBLIC_PORT = ""  # behind a proxy that routes /ws/ to daphne
+    assert 'data-events-url="/ws/events/"' in client.get(reverse("lead")).content.decode()

@@ -100,3 +100,24 @@ def test_concurrent_annotators_never_get_the_same_task():
     assert len(task_ids) == 2 * n_annotators
     assert len(set(task_ids)) == len(task_ids), "a task was handed to two annotators"
     assert Task.objects.filter(status=Task.Status.COMPLETED).count() == 2 * n_annotators
+
+
+def test_a_skip_stands_when_nothing_is_left(annotator):
+    only = TaskFactory()
+    task_queue.next_task(annotator)
+    with pytest.raises(task_queue.QueueEmpty):
+        task_queue.skip_current(annotator)
+    only.refresh_from_db()
+    assert only.status == Task.Status.PENDING
+    assert Assignment.objects.get(task=only).status == Assignment.Status.SKIPPED
+
+
+def test_claiming_takes_few_queries(annotator, django_assert_max_num_queries):
+    TaskFactory.create_batch(3)
+    task_queue.next_task(annotator)
+    with django_assert_max_num_queries(2):
+        task_queue.next_task(annotator)  # the current assignment, task included
+    with django_assert_max_num_queries(9):
+        assignment = task_queue.skip_current(annotator)
+    with django_assert_max_num_queries(0):
+        assert assignment.task.instruction

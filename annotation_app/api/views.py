@@ -78,10 +78,7 @@ class NextTaskView(APIView):
     def post(self, request: Request) -> Response:
         form = s.NextTaskRequestSerializer(data=request.data or {})
         form.is_valid(raise_exception=True)
-        if form.validated_data["skip_current"]:
-            assignment = task_queue.skip_current(request.user)
-        else:
-            assignment = task_queue.next_task(request.user)
+        assignment = task_queue.next_task(request.user, skip_current=form.validated_data["skip_current"])
         return Response(s.AssignmentSerializer(assignment).data)
 
 

@@ -5,7 +5,8 @@
   if (!url) return;
   let delay = 1000;
   function connect() {
-    const ws = new WebSocket((location.protocol === "https:" ? "wss://" : "ws://") + location.host + url);
+    const absolute = url.startsWith("ws");
+    const ws = new WebSocket(absolute ? url : (location.protocol === "https:" ? "wss://" : "ws://") + location.host + url);
     ws.onopen = () => { delay = 1000; };
     ws.onmessage = (msg) => {
       const data = JSON.parse(msg.data);
