@@ -98,6 +98,18 @@ class Assignment(models.Model):
         return f"{self.annotator} → task {self.task_id} ({self.status})"
 
 
+class TrajectoryQuerySet(models.QuerySet):
+    def with_step_count(self) -> TrajectoryQuerySet:
+        """Annotate `step_count` with a correlated subquery: PostgreSQL runs it only for the rows a LIMIT keeps,
+        where a JOIN + GROUP BY would count the steps of every matching trajectory first."""
+        steps = Step.objects.filter(trajectory=models.OuterRef("pk")).order_by().values("trajectory")
+        return self.annotate(
+            step_count=models.Subquery(
+                steps.annotate(n=models.Count("*")).values("n"), output_field=models.IntegerField()
+            )
+        )
+
+
 class Trajectory(models.Model):
     """One attempt at a task: by an annotator (in-situ or interactive with model proposals) or by the model alone."""
 
@@ -133,6 +145,8 @@ class Trajectory(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     submitted_at = models.DateTimeField(null=True, blank=True)
+
+    objects = TrajectoryQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created_at", "-id"]

@@ -50,8 +50,7 @@ def annotate(request: HttpRequest) -> HttpResponse:
         "trajectories": Trajectory.objects.filter(annotator=request.user)
         .select_related("task")
         .only("id", "mode", "status", "created_at", "task__id", "task__instruction")
-        .annotate(step_count=Count("steps"))
-        .order_by("-created_at", "-id")[:20],
+        .with_step_count()[:20],
         "done_count": request.user.assignments.filter(status="completed").count(),
     }
     return render(request, "annotation_app/annotate.html", context)

@@ -4,13 +4,14 @@
 What it does, end to end (see bench/README.md):
   1. creates the database `annotation_bench` if missing, migrates it and seeds it (manage.py seed_bench: 100,000
      tasks, 10,000 trajectories with steps, 50 annotators with API tokens and login sessions);
-  2. starts daphne on a free loopback port against that database, with DEBUG off;
+  2. for each server (gunicorn as `scripts/run` runs it, and daphne alone as the baseline), starts it on a free
+     loopback port against that database, with DEBUG off;
   3. warms up, then runs wrk (`-c 50 -t 2 --latency`) for each scenario: /healthz (the baseline floor of the
      same server: one `select 1`), the queue page, 'next task' answering the current assignment, and 'next task'
      skipping the current assignment and claiming a new one (SELECT ... FOR UPDATE SKIP LOCKED);
-  4. prints a markdown table (req/s, p50/p90/p99, non-2xx, ratios against the baseline) and whether each
-     scenario meets the goal p99 <= 100 ms, and saves it to bench/results/queue_load.md;
-  5. stops daphne, also on errors and Ctrl-C.
+  4. prints a markdown table (req/s, p50/p90/p99, non-2xx, ratios against daphne on the same scenario) and
+     whether each scenario meets the goal p99 <= 100 ms, and saves it to bench/results/queue_load.md;
+  5. stops each server, also on errors and Ctrl-C.
 
 Usage (after `scripts/services start`): .venv/bin/python bench/queue_load.py [--duration 15s] [--skip-seed]
 """
@@ -86,7 +87,7 @@ def warn(message: str) -> None:
 # --- environment, database, data ----------------------------------------------------------------------------------
 
 
-def project_env(conn_max_age: str) -> dict[str, str]:
+def project_env() -> dict[str, str]:
     """The environment scripts/env.sh gives the app, pointed at the bench database, with DEBUG off."""
     out = subprocess.run(
         ["bash", "-c", "source scripts/env.sh >/dev/null && env -0"],
@@ -101,10 +102,6 @@ def project_env(conn_max_age: str) -> dict[str, str]:
         DJANGO_ALLOWED_HOSTS="127.0.0.1,localhost",
         # DEBUG off serves static files through the manifest: collect them here, not into the project's var/static.
         STATIC_ROOT=str(RESULTS_DIR / "static"),
-        # Under daphne (ASGI) every request runs in a context of its own, so persistent connections
-        # (the settings' default, 60 s) are never reused: each request leaks one until Postgres refuses more.
-        # See bench/README.md; --conn-max-age 60 reproduces it.
-        DATABASE_CONN_MAX_AGE=conn_max_age,
         DJANGO_SETTINGS_MODULE=os.environ.get("DJANGO_SETTINGS_MODULE") or "annotation_app.settings",
         PYTHONUNBUFFERED="1",
     )
@@ -168,19 +165,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class Server:
-    """daphne in its own process group, so that stopping it stops everything it started."""
+def server_command(name: str, port: int, env: dict[str, str]) -> list[str]:
+    """The HTTP server as the Procfile runs it (gunicorn), or daphne serving HTTP alone (the baseline)."""
+    if name == "gunicorn":
+        return [
+            "gunicorn", "annotation_app.wsgi:application", "--bind", f"127.0.0.1:{port}", "--worker-class", "gthread",
+            "--workers", env.get("WEB_WORKERS", "4"), "--threads", env.get("WEB_THREADS", "2"),
+        ]  # fmt: skip
+    if name == "daphne":
+        return ["daphne", "-b", "127.0.0.1", "-p", str(port), "annotation_app.asgi:application"]
+    raise BenchError(f"unknown server {name!r}; use gunicorn or daphne")
 
-    def __init__(self, env: dict[str, str], port: int, log_path: Path) -> None:
-        self.env, self.port, self.log_path = env, port, log_path
+
+class Server:
+    """An HTTP server in its own process group, so that stopping it stops every worker it started."""
+
+    def __init__(self, name: str, env: dict[str, str], port: int, log_path: Path) -> None:
+        self.name, self.env, self.port, self.log_path = name, env, port, log_path
         self.proc: subprocess.Popen | None = None
         self.base_url = f"http://127.0.0.1:{port}"
 
     def start(self) -> None:
-        daphne = shutil.which("daphne", path=self.env["PATH"])
-        if daphne is None:
-            raise BenchError("daphne not found in the virtualenv")
-        cmd = [daphne, "-b", "127.0.0.1", "-p", str(self.port), "annotation_app.asgi:application"]
+        cmd = server_command(self.name, self.port, self.env)
+        executable = shutil.which(cmd[0], path=self.env["PATH"])
+        if executable is None:
+            raise BenchError(f"{cmd[0]} not found in the virtualenv")
+        cmd[0] = executable
         log(" ".join(cmd) + f"  (log: {self.log_path.relative_to(ROOT)})")
         self.log_file = self.log_path.open("w")
         self.proc = subprocess.Popen(
@@ -191,7 +201,7 @@ class Server:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc is None or self.proc.poll() is not None:
-                raise BenchError(f"daphne exited early; its log:\n{self.log_tail()}")
+                raise BenchError(f"{self.name} exited early; its log:\n{self.log_tail()}")
             try:
                 with urllib.request.urlopen(f"{self.base_url}/healthz", timeout=2) as response:
                     if response.status == 200:
@@ -199,17 +209,21 @@ class Server:
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass
             time.sleep(0.25)
-        raise BenchError(f"daphne did not answer /healthz within {timeout:.0f} s; its log:\n{self.log_tail()}")
+        raise BenchError(f"{self.name} did not answer /healthz within {timeout:.0f} s; its log:\n{self.log_tail()}")
 
     def cpu_seconds(self) -> float:
-        """User + system CPU time of the daphne process so far."""
+        """User + system CPU time so far of every live process in the server's process group (its workers too)."""
         if self.proc is None:
             return 0.0
-        try:
-            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            return 0.0
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        total = 0
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == self.proc.pid:  # the process group
+                total += int(fields[11]) + int(fields[12])
+        return total / os.sysconf("SC_CLK_TCK")
 
     def log_tail(self, lines: int = 40) -> str:
         try:
@@ -220,7 +234,7 @@ class Server:
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
-        log(f"stopping daphne (pid {self.proc.pid})")
+        log(f"stopping {self.name} (pid {self.proc.pid})")
         try:
             os.killpg(self.proc.pid, signal.SIGTERM)
             self.proc.wait(timeout=10)
@@ -294,23 +308,71 @@ def fmt_ratio(value: float, base: float) -> str:
     return f"{value / base:.2f}x" if base else "n/a"
 
 
-def render_table(rows: list[dict[str, Any]]) -> str:
-    base = rows[0]["result"]
+def render_table(rows: list[dict[str, Any]], baseline: str) -> str:
+    """One row per server and scenario; ratios compare with the baseline server on the same scenario."""
+    base = {row["scenario"].name: row["result"] for row in rows if row["server"] == baseline}
     header = (
-        "| scenario | req/s | p50 ms | p90 ms | p99 ms | non-2xx | socket errors | req/s vs baseline "
-        "| p99 vs baseline | daphne CPU | p99 <= 100 ms |"
+        f"| server | scenario | req/s | p50 ms | p90 ms | p99 ms | non-2xx | socket errors | req/s vs {baseline} "
+        f"| p99 vs {baseline} | server CPU | p99 <= 100 ms |"
     )
     lines = [header, "|" + "---|" * header.count(" | ") + "---|"]
     for row in rows:
-        r = row["result"]
+        r, b = row["result"], base.get(row["scenario"].name)
         errors = sum(r["errors"][k] for k in ("connect", "read", "write", "timeout"))
         non2xx = f"{r['non2xx']}" + (f" ({r['non2xx'] / r['requests']:.1%})" if r["non2xx"] else "")
         lines.append(
-            f"| {row['scenario'].label} | {r['rps']:.1f} | {r['p50_ms']:.1f} | {r['p90_ms']:.1f} | {r['p99_ms']:.1f} "
-            f"| {non2xx} | {errors} | {fmt_ratio(r['rps'], base['rps'])} | {fmt_ratio(r['p99_ms'], base['p99_ms'])} "
+            f"| {row['server']} | {row['scenario'].label} | {r['rps']:.1f} | {r['p50_ms']:.1f} | {r['p90_ms']:.1f} "
+            f"| {r['p99_ms']:.1f} | {non2xx} | {errors} | {fmt_ratio(r['rps'], b['rps']) if b else 'n/a'} "
+            f"| {fmt_ratio(r['p99_ms'], b['p99_ms']) if b else 'n/a'} "
             f"| {row['cpu']:.0%} | {'yes' if r['p99_ms'] <= GOAL_P99_MS else '**NO**'} |"
         )
     return "\n".join(lines)
+
+
+def measure_server(
+    name: str, env: dict[str, str], args: argparse.Namespace, data: dict[str, Any], credentials_tsv: Path
+) -> list[dict[str, Any]]:
+    """Start one server, check and warm up every scenario, measure each, stop the server."""
+    cookie, first = data["session_cookie_name"], data["annotators"][0]
+    server = Server(name, env, args.port or free_port(), RESULTS_DIR / f"{name}.log")
+    rows = []
+    try:
+        server.start()
+        server.wait_ready()
+        log(f"{name} answers on {server.base_url}")
+        for scenario in SCENARIOS:
+            status, body = one_request(server, scenario, first, cookie)
+            log(f"pre-flight {scenario.name}: HTTP {status}")
+            if not 200 <= status < 300:
+                warn(f"pre-flight of {scenario.name} ({scenario.label}) answered HTTP {status}:\n{body}")
+        log(f"warm-up: {args.warmup} per scenario")
+        for scenario in SCENARIOS:
+            wrk(server, scenario, args, args.warmup, credentials_tsv, cookie)
+        for scenario in SCENARIOS:
+            log(f"measuring {name} {scenario.name}: wrk -c {args.connections} -t {args.threads} -d {args.duration}")
+            cpu_before, wall_before = server.cpu_seconds(), time.monotonic()
+            result, output = wrk(server, scenario, args, args.duration, credentials_tsv, cookie)
+            cpu = (server.cpu_seconds() - cpu_before) / (time.monotonic() - wall_before)
+            (RESULTS_DIR / f"wrk-{name}-{scenario.name}.txt").write_text(output)
+            rows.append({"server": name, "scenario": scenario, "result": result, "cpu": cpu})
+            print(
+                f"    {name} {scenario.name}: {result['rps']:.1f} req/s, p50 {result['p50_ms']:.1f} ms, "
+                f"p99 {result['p99_ms']:.1f} ms, non-2xx {result['non2xx']}",
+                file=sys.stderr,
+                flush=True,
+            )
+            if result["requests"] == 0 or result["non2xx"] > NON2XX_ALARM * result["requests"]:
+                status, body = one_request(server, scenario, first, cookie)
+                warn(
+                    f"{name} {scenario.name}: {result['non2xx']} of {result['requests']} answers were not 2xx "
+                    f"(first seen by wrk: HTTP {result['first_non2xx_status']} {result['first_non2xx_body']!r}); "
+                    f"its figures are worthless.\nRepeating one request now: HTTP {status}\n{body}"
+                )
+            if server.proc is not None and server.proc.poll() is not None:
+                raise BenchError(f"{name} died; its log:\n{server.log_tail()}")
+    finally:
+        server.stop()
+    return rows
 
 
 def git_commit() -> str:
@@ -334,12 +396,11 @@ def main() -> int:
     parser.add_argument("--trajectories", type=int, default=10_000)
     parser.add_argument("--annotators", type=int, default=50, help="default 50: one per connection")
     parser.add_argument(
-        "--conn-max-age",
-        default="0",
-        help="DATABASE_CONN_MAX_AGE for the server (default 0: a connection per request; the settings' own "
-        "default, 60, leaks connections under daphne and ends in HTTP 500s)",
+        "--servers",
+        default="gunicorn,daphne",
+        help="HTTP servers to measure, in order; the last is the baseline of the ratios (default gunicorn,daphne)",
     )
-    parser.add_argument("--port", type=int, default=0, help="daphne's port (default: a free one)")
+    parser.add_argument("--port", type=int, default=0, help="the servers' port (default: a free one)")
     parser.add_argument("--output", type=Path, default=RESULTS_DIR / "queue_load.md")
     args = parser.parse_args()
 
@@ -347,62 +408,36 @@ def main() -> int:
         if shutil.which(tool) is None:
             raise BenchError(f"{tool} not found (apt-get install -y {'wrk' if tool == 'wrk' else 'postgresql-client'})")
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    env = project_env(args.conn_max_age)
+    env = project_env()
     credentials = RESULTS_DIR / "credentials.json"
     data = prepare_data(env, args, credentials)
     credentials_tsv = RESULTS_DIR / "credentials.tsv"
     write_lua_credentials(data, credentials_tsv)
-    cookie = data["session_cookie_name"]
-    first = data["annotators"][0]
+    servers = [name.strip() for name in args.servers.split(",") if name.strip()]
 
-    server = Server(env, args.port or free_port(), RESULTS_DIR / "daphne.log")
-    try:
-        server.start()
-        server.wait_ready()
-        log(f"daphne answers on {server.base_url}")
-
-        for scenario in SCENARIOS:
-            status, body = one_request(server, scenario, first, cookie)
-            log(f"pre-flight {scenario.name}: HTTP {status}")
-            if not 200 <= status < 300:
-                warn(f"pre-flight of {scenario.name} ({scenario.label}) answered HTTP {status}:\n{body}")
-
-        log(f"warm-up: {args.warmup} per scenario")
-        for scenario in SCENARIOS:
-            wrk(server, scenario, args, args.warmup, credentials_tsv, cookie)
-
-        rows = []
-        load_before = os.getloadavg()[0]
-        for scenario in SCENARIOS:
-            log(f"measuring {scenario.name}: wrk -c {args.connections} -t {args.threads} -d {args.duration}")
-            cpu_before, wall_before = server.cpu_seconds(), time.monotonic()
-            result, output = wrk(server, scenario, args, args.duration, credentials_tsv, cookie)
-            cpu = (server.cpu_seconds() - cpu_before) / (time.monotonic() - wall_before)
-            (RESULTS_DIR / f"wrk-{scenario.name}.txt").write_text(output)
-            rows.append({"scenario": scenario, "result": result, "cpu": cpu})
-            print(
-                f"    {scenario.name}: {result['rps']:.1f} req/s, p50 {result['p50_ms']:.1f} ms, "
-                f"p99 {result['p99_ms']:.1f} ms, non-2xx {result['non2xx']}",
-                file=sys.stderr,
-                flush=True,
-            )
-            if result["requests"] == 0 or result["non2xx"] > NON2XX_ALARM * result["requests"]:
-                status, body = one_request(server, scenario, first, cookie)
-                warn(
-                    f"{scenario.name}: {result['non2xx']} of {result['requests']} answers were not 2xx "
-                    f"(first seen by wrk: HTTP {result['first_non2xx_status']} {result['first_non2xx_body']!r}); "
-                    f"its figures are worthless.\nRepeating one request now: HTTP {status}\n{body}"
-                )
-            if server.proc is not None and server.proc.poll() is not None:
-                raise BenchError(f"daphne died; its log:\n{server.log_tail()}")
-        load_after = os.getloadavg()[0]
-    finally:
-        server.stop()
+    rows: list[dict[str, Any]] = []
+    load_before = os.getloadavg()[0]
+    for name in servers:
+        if name != servers[0]:
+            # Every server starts from the same queue state: one active task per annotator, nothing skipped.
+            manage(env, "seed_bench", "--users-only", "--reset-queue", "--annotators", str(args.annotators),
+                   "--credentials-out", str(credentials))  # fmt: skip
+            data = json.loads(credentials.read_text())
+            write_lua_credentials(data, credentials_tsv)
+        rows += measure_server(name, env, args, data, credentials_tsv)
+    load_after = os.getloadavg()[0]
 
     counts = data["counts"]
-    table = render_table(rows)
-    failing = [row["scenario"].name for row in rows if row["result"]["p99_ms"] > GOAL_P99_MS]
-    bad = [row["scenario"].name for row in rows if row["result"]["non2xx"] > NON2XX_ALARM * row["result"]["requests"]]
+    described = ", ".join(
+        f"`{' '.join(server_command(n, 0, env)).replace(' --bind 127.0.0.1:0', '')}`" for n in servers
+    )
+    table = render_table(rows, baseline=servers[-1])
+    failing = [f"{row['server']} {row['scenario'].name}" for row in rows if row["result"]["p99_ms"] > GOAL_P99_MS]
+    bad = [
+        f"{row['server']} {row['scenario'].name}"
+        for row in rows
+        if row["result"]["non2xx"] > NON2XX_ALARM * row["result"]["requests"]
+    ]
     verdict = (
         f"Goal p99 <= {GOAL_P99_MS:.0f} ms: "
         + ("met by every scenario." if not failing else f"NOT met by {', '.join(failing)}.")
@@ -416,13 +451,13 @@ def main() -> int:
             f"- machine: {platform.node()}, {os.cpu_count()} CPU cores, {platform.platform()}; "
             f"1-min load average {load_before:.2f} before the measured runs, {load_after:.2f} after "
             "(server, PostgreSQL and wrk share these cores: other work on the machine skews the figures)",
-            f"- server: one daphne process on loopback, DEBUG off, DATABASE_CONN_MAX_AGE={args.conn_max_age}, "
-            f"database `{BENCH_DB}` "
+            f"- servers: {described} "
+            f"(baseline: {servers[-1]}), on loopback, DEBUG off, database `{BENCH_DB}` "
             f"({', '.join(f'{n} {name}' for name, n in counts.items())})",
             f"- load: `wrk -c {args.connections} -t {args.threads} -d {args.duration} --latency` per scenario, "
             f"after a {args.warmup} warm-up of each; each wrk thread cycles through its share of the "
             f"{len(data['annotators'])} annotators",
-            "- daphne CPU: its process's CPU time over the run's wall time (100% = one core)",
+            "- server CPU: CPU time of the server's processes over the run's wall time (100% = one core)",
             "",
             table,
             "",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from django.conf import settings
-from django.db.models import Count, ProtectedError
+from django.db.models import ProtectedError
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -97,7 +97,7 @@ class TrajectoryViewSet(
     def get_queryset(self):  # type: ignore[no-untyped-def]
         queryset = trajectories_visible_to(self.request.user).select_related("annotator")
         if self.action == "list":
-            queryset = queryset.annotate(step_count=Count("steps")).order_by("-created_at", "-id")
+            queryset = queryset.with_step_count()
             for name in ("status", "mode", "task"):
                 if value := self.request.query_params.get(name):
                     queryset = queryset.filter(**{name: value})
