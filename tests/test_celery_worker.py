@@ -1,14 +1,11 @@
 """Celery through a real worker process on the real Redis broker, against the test database."""
 
 import os
-import subprocess
 import sys
-import time
 from datetime import timedelta
 
 import pytest
 from django.conf import settings
-from django.db import connection
 from django.utils import timezone
 
 from annotation_app import tasks
@@ -16,32 +13,18 @@ from annotation_app.celery import app
 from annotation_app.models import Assignment, Task
 
 from .factories import AssignmentFactory
+from .servers import running, subprocess_env
 
 
 @pytest.fixture
 def worker(transactional_db, tmp_path):
     """A `celery worker` subprocess consuming every queue, pointed at pytest's test database."""
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "annotation_app.settings_test",
-        "DATABASE_NAME": connection.settings_dict["NAME"],
-    }
-    app.control.purge()
     command = [sys.executable, "-m", "celery", "-A", "annotation_app", "worker", "--pool", "solo", "--loglevel", "INFO"]
     command += ["-Q", ",".join(settings.CELERY_QUEUES), "--without-gossip", "--without-mingle"]
     command += ["-n", f"test-{os.getpid()}@%h"]
-    log = (tmp_path / "worker.log").open("w+")
-    proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not app.control.ping(timeout=0.5):
-        assert proc.poll() is None, (tmp_path / "worker.log").read_text()
-    yield proc
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
+    app.control.purge()
+    with running(command, subprocess_env(), tmp_path / "worker.log", lambda: bool(app.control.ping(timeout=0.5))):
+        yield
 
 
 @pytest.mark.slow

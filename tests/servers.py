@@ -1,0 +1,87 @@
+"""Start the project's real server processes (gunicorn, daphne) against pytest's test database."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """The environment a subprocess needs to share this test run's database and settings."""
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "annotation_app.settings_test",
+        "DATABASE_NAME": connection.settings_dict["NAME"],
+        "PYTHONPATH": str(ROOT),
+        **extra,
+    }
+
+
+def answers(url: str) -> Callable[[], bool]:
+    """A readiness check: `url` answers 200."""
+
+    def check() -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    return check
+
+
+@contextmanager
+def running(command: list[str], env: dict[str, str], log: Path, ready: Callable[[], bool]) -> Iterator[None]:
+    """Run `command` until the block ends, once `ready()` says it is up. Its output goes to `log`."""
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while not ready():
+                assert proc.poll() is None, f"{command[0]} exited:\n{log.read_text()}"
+                assert time.monotonic() < deadline, f"{command[0]} did not come up:\n{log.read_text()}"
+                time.sleep(0.2)
+            yield
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+
+
+@contextmanager
+def web_stack(tmp_path: Path) -> Iterator[str]:
+    """gunicorn (HTTP) and daphne (websockets) as the Procfile runs them; yields the HTTP base URL."""
+    http_port, ws_port = free_port(), free_port()
+    env = subprocess_env(WS_PUBLIC_PORT=str(ws_port))
+    bin_dir = Path(sys.executable).parent
+    gunicorn = [str(bin_dir / "gunicorn"), "annotation_app.wsgi:application", "--bind", f"127.0.0.1:{http_port}"]
+    gunicorn += ["--worker-class", "gthread", "--workers", "2", "--threads", "2"]
+    daphne = [str(bin_dir / "daphne"), "-b", "127.0.0.1", "-p", str(ws_port), "annotation_app.asgi:application"]
+    base = f"http://127.0.0.1:{http_port}"
+    with (
+        running(daphne, env, tmp_path / "daphne.log", answers(f"http://127.0.0.1:{ws_port}/healthz")),
+        running(gunicorn, env, tmp_path / "gunicorn.log", answers(f"{base}/healthz")),
+    ):
+        yield base
