@@ -12,4 +12,4 @@ services-stop:
 lint:
 	.venv/bin/ruff check . && .venv/bin/ruff format --check .
 bench:
-	./bench/queue_load.sh
+	.venv/bin/python bench/queue_load.py
