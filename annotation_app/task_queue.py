@@ -65,8 +65,8 @@ def next_task(annotator: User, *, skip_current: bool = False) -> Assignment:
     raise QueueEmpty("No pending tasks are left in the queue.")
 
 
-def _finish(assignment: Assignment, status: str, task_status: str) -> bool:
-    """End an active assignment and move its task to `task_status`; False when it was no longer active."""
+def _finish(assignment: Assignment, status: str, task_status: str) -> None:
+    """End an active assignment and move its task to `task_status` (nothing happens if it already ended)."""
     now = timezone.now()
     with transaction.atomic(savepoint=False):  # inside a caller's transaction, no savepoint round trips
         updated = Assignment.objects.filter(pk=assignment.pk, status=Assignment.Status.ACTIVE).update(
@@ -77,7 +77,6 @@ def _finish(assignment: Assignment, status: str, task_status: str) -> bool:
                 status=task_status, updated_at=now
             )
     assignment.status, assignment.finished_at = status, now
-    return bool(updated)
 
 
 def skip_current(annotator: User) -> Assignment:
@@ -96,7 +95,6 @@ def release_stale_assignments(older_than: timedelta | None = None) -> int:
     """Expire assignments held longer than the TTL and put their tasks back in the pool. Returns how many."""
     older_than = older_than or timedelta(hours=settings.ASSIGNMENT_TTL_HOURS)
     cutoff = timezone.now() - older_than
-    released = 0
     with transaction.atomic():
         stale = list(
             Assignment.objects.select_for_update(skip_locked=True).filter(
@@ -105,5 +103,4 @@ def release_stale_assignments(older_than: timedelta | None = None) -> int:
         )
         for assignment in stale:
             _finish(assignment, Assignment.Status.EXPIRED, Task.Status.PENDING)
-            released += 1
-    return released
+    return len(stale)
