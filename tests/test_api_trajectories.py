@@ -196,3 +196,16 @@ def test_api_checks_setup_and_evaluator_like_import(lead_api):
     errors = response.json()["errors"]
     assert "non-empty string 'type'" in errors["setup_config"][0]
     assert any("unknown field(s) colour" in e for e in errors["evaluator"])
+
+
+def test_data_leads_archive_and_restore_tasks(lead_api, annotator):
+    task, held = TaskFactory(), TaskFactory(importance=-1)
+    url = reverse("task-detail", args=[task.pk])
+    assert lead_api.patch(url, {"status": "archived"}, format="json").json()["status"] == "archived"
+    assert lead_api.patch(url, {"status": "pending"}, format="json").json()["status"] == "pending"
+    response = lead_api.patch(url, {"status": "completed"}, format="json")
+    assert response.status_code == 400 and "Only 'pending' and 'archived'" in str(response.json())
+    task_queue.next_task(annotator)  # takes `task`, the more important one
+    response = lead_api.patch(url, {"status": "archived"}, format="json")
+    assert response.status_code == 400 and "The task is assigned" in str(response.json())
+    assert held.status == Task.Status.PENDING

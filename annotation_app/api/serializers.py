@@ -56,7 +56,18 @@ class TaskSerializer(StrictSerializerMixin, serializers.ModelSerializer):
             "created_at",
             "updated_at",
         ]
-        read_only_fields = ["id", "status", "created_at", "updated_at"]
+        read_only_fields = ["id", "created_at", "updated_at"]
+
+    def validate_status(self, value: str) -> str:
+        """Data leads archive tasks or bring them back; the queue alone assigns and completes them."""
+        current = self.instance.status if self.instance is not None else None
+        if value == current:
+            return value
+        if value not in (Task.Status.PENDING, Task.Status.ARCHIVED):
+            raise serializers.ValidationError("Only 'pending' and 'archived' can be set; the queue does the rest.")
+        if current in (Task.Status.ASSIGNED, Task.Status.COMPLETED):
+            raise serializers.ValidationError(f"The task is {current}; it can't be moved to {value}.")
+        return value
 
     def validate_difficulty(self, value: int) -> int:
         if not 1 <= value <= 5:
