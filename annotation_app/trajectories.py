@@ -10,9 +10,16 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from sandbox.actions import action_to_dict, parse_actions
+
 from . import task_queue
 from .models import Assignment, Recording, Review, Step, Task, Trajectory, User
 from .uploads import AUDIO_FORMATS, IMAGE_FORMATS, check_upload, count_event_lines
+
+
+def typed_action(action_text: str) -> dict[str, Any]:
+    """The stored, typed form of a step's action text, from the one grammar module (raises ActionSyntaxError)."""
+    return {"actions": [action_to_dict(a) for a in parse_actions(action_text)]}
 
 
 class Conflict(Exception):

@@ -45,6 +45,7 @@ def test_queue_then_trajectory_then_steps_then_submit(api, trajectory, held_task
         api, trajectory, action_text="wait()", candidates=json.dumps([{"thought": "t", "action": "wait()"}])
     )
     assert response.status_code == 201 and response.json()["candidates"] == [{"thought": "t", "action": "wait()"}]
+    assert response.json()["action"] == {"actions": [{"type": "wait"}]}
     response = _step(api, trajectory, candidates=json.dumps({"not": "a list"}))
     assert response.status_code == 400 and "candidates" in response.json()["errors"]
     response = api.post(reverse("trajectory-submit", args=[trajectory.pk]))
@@ -209,3 +210,16 @@ def test_data_leads_archive_and_restore_tasks(lead_api, annotator):
     response = lead_api.patch(url, {"status": "archived"}, format="json")
     assert response.status_code == 400 and "The task is assigned" in str(response.json())
     assert held.status == Task.Status.PENDING
+
+
+def test_step_actions_are_parsed_by_the_grammar(api, trajectory):
+    response = _step(api, trajectory, action_text="click(start_box='(10,20)')\n\ntype(content='hi\\n')")
+    assert response.status_code == 201
+    assert response.json()["action"] == {
+        "actions": [{"type": "click", "point": [10, 20]}, {"type": "type", "content": "hi\n"}]
+    }
+    response = _step(api, trajectory, action_text="click(start_box='somewhere')")
+    assert response.status_code == 400
+    assert "Not a valid UI-TARS action: line 1, column 7: 'somewhere' is not a point" in str(response.json())
+    response = _step(api, trajectory, action='{"type": "wait"}')
+    assert response.status_code == 400 and response.json()["errors"] == {"action": ["Unknown field."]}

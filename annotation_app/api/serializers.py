@@ -8,9 +8,11 @@ from typing import Any
 from rest_framework import serializers
 
 from flywheel.models import ModelVersion
+from sandbox.actions import ActionSyntaxError, parse_actions
 
 from ..models import Assignment, Recording, Review, Step, Task, Trajectory
 from ..task_import import check_evaluator, check_setup_config
+from ..trajectories import typed_action
 
 
 def _checked(check: Callable[..., Any], value: Any, *args: str) -> Any:
@@ -154,7 +156,6 @@ class StepCreateSerializer(StrictSerializerMixin, serializers.ModelSerializer):
             "index",
             "thought",
             "action_text",
-            "action",
             "source",
             "candidates",
             "screenshot",
@@ -167,6 +168,10 @@ class StepCreateSerializer(StrictSerializerMixin, serializers.ModelSerializer):
     def validate_action_text(self, value: str) -> str:
         if not value.strip():
             raise serializers.ValidationError("The action is required, e.g. click(start_box='(100,200)').")
+        try:
+            parse_actions(value)
+        except ActionSyntaxError as error:
+            raise serializers.ValidationError(f"Not a valid UI-TARS action: {error}") from None
         return value
 
     def validate_candidates(self, value: Any) -> list:
@@ -174,15 +179,12 @@ class StepCreateSerializer(StrictSerializerMixin, serializers.ModelSerializer):
             raise serializers.ValidationError("Must be a list of {thought, action} objects.")
         return value
 
-    def validate_action(self, value: Any) -> dict:
-        if not isinstance(value, dict):
-            raise serializers.ValidationError("Must be an object (the parsed action).")
-        return value
-
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         started, finished = attrs.get("started_at"), attrs.get("finished_at")
         if started and finished and finished < started:
             raise serializers.ValidationError({"finished_at": ["Must not be before started_at."]})
+        # The typed form is derived here, from the one grammar module, never taken from the client.
+        attrs["action"] = typed_action(attrs["action_text"])
         return attrs
 
 

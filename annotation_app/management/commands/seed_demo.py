@@ -7,6 +7,7 @@ from django.db import transaction
 
 from annotation_app.models import Role, Step, Task, Trajectory, User
 from annotation_app.task_queue import next_task
+from annotation_app.trajectories import typed_action
 from flywheel.models import ModelVersion
 
 DEMO_PASSWORD = "demo-pass-123"
@@ -94,7 +95,7 @@ class Command(BaseCommand):
                 source=Step.Source.MODEL,
                 thought="The browser is open; I need the address bar first.",
                 action_text="hotkey(key='ctrl t')",
-                action={"type": "hotkey", "key": "ctrl t"},
+                action=typed_action("hotkey(key='ctrl t')"),
             )
             Step.objects.create(
                 trajectory=trajectory,
@@ -102,7 +103,7 @@ class Command(BaseCommand):
                 source=Step.Source.HUMAN,
                 thought="Type the address and press Enter to load the site.",
                 action_text="type(content='example.org\\n')",
-                action={"type": "type", "content": "example.org\n"},
+                action=typed_action("type(content='example.org\\n')"),
                 candidates=[{"thought": "Click the address bar.", "action": "click(start_box='(640,60)')"}],
             )
         self.stdout.write(self.style.SUCCESS("Demo data ready."))
