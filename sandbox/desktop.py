@@ -1,0 +1,346 @@
+"""A virtual desktop for one sandbox session: Xvfb + openbox + x11vnc (loopback), actions injected with XTEST.
+
+Actions go through one X connection held by this process (python-xlib's XTEST), not one xdotool process per
+action; screenshots come from mss and are encoded at the size the model is told (see coordinates.ScreenMapping).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import mss
+from PIL import Image
+from Xlib import XK, X
+from Xlib import display as xdisplay
+from Xlib.ext import xtest
+
+from .actions import (
+    Action,
+    CallUser,
+    Click,
+    Drag,
+    Finished,
+    Hotkey,
+    LeftDouble,
+    Press,
+    Release,
+    RightSingle,
+    Scroll,
+    Type,
+    Wait,
+)
+from .coordinates import ScreenMapping
+
+# UI-TARS key names -> X keysym names.
+KEY_NAMES = {
+    "ctrl": "Control_L", "control": "Control_L", "alt": "Alt_L", "shift": "Shift_L", "cmd": "Super_L",
+    "super": "Super_L", "win": "Super_L", "meta": "Super_L", "enter": "Return", "return": "Return", "esc": "Escape",
+    "escape": "Escape", "backspace": "BackSpace", "tab": "Tab", "space": "space", "delete": "Delete", "del": "Delete",
+    "up": "Up", "down": "Down", "left": "Left", "right": "Right", "pageup": "Prior", "pagedown": "Next",
+    "home": "Home", "end": "End", "insert": "Insert", "capslock": "Caps_Lock", "arrowup": "Up", "arrowdown": "Down",
+    "arrowleft": "Left", "arrowright": "Right",
+}  # fmt: skip
+SCROLL_BUTTONS = {"up": 4, "down": 5, "left": 6, "right": 7}
+SCROLL_CLICKS = 5
+
+
+class DesktopError(RuntimeError):
+    """The desktop could not start, or died under us."""
+
+
+class UnsupportedAction(ValueError):
+    """The action belongs to another action space (browser or mobile)."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Desktop:
+    """A running desktop. Start one with `Desktop.start()`; `stop()` leaves no process, lock or socket behind."""
+
+    display: int
+    width: int
+    height: int
+    vnc_port: int
+    home: Path
+    processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    wait_s: float = 1.0
+
+    @classmethod
+    def start(cls, home: Path, width: int = 1280, height: int = 800, *, timeout: float = 10.0) -> Desktop:
+        home.mkdir(parents=True, exist_ok=True)
+        read_fd, write_fd = os.pipe()
+        xvfb = subprocess.Popen(
+            ["Xvfb", "-displayfd", str(write_fd), "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp",
+             "+extension", "XTEST", "-noreset"],
+            pass_fds=(write_fd,), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+        os.close(write_fd)
+        display = _read_display(read_fd, xvfb, timeout)
+        desktop = cls(display, width, height, free_port(), home, {"xvfb": xvfb})
+        env = desktop.env()
+        try:
+            desktop.processes["wm"] = subprocess.Popen(
+                ["openbox", "--sm-disable"], env=env, cwd=home, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )  # fmt: skip
+            desktop.processes["vnc"] = subprocess.Popen(
+                ["x11vnc", "-display", f":{display}", "-localhost", "-rfbport", str(desktop.vnc_port), "-forever",
+                 "-shared", "-nopw", "-quiet", "-noxdamage"],
+                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+            desktop._connect()
+        except BaseException:
+            desktop.stop()
+            raise
+        return desktop
+
+    def env(self) -> dict[str, str]:
+        """The environment of a program shown on this desktop."""
+        return {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "DISPLAY": f":{self.display}", "HOME": str(self.home),
+            "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
+        }  # fmt: skip
+
+    def _connect(self) -> None:
+        self.x = xdisplay.Display(f":{self.display}")
+        if not self.x.has_extension("XTEST"):
+            raise DesktopError("the X server has no XTEST extension")
+        self.grabber = mss.MSS(display=f":{self.display}")
+        first, count = (
+            self.x.display.info.min_keycode,
+            self.x.display.info.max_keycode - self.x.display.info.min_keycode,
+        )
+        mapping = self.x.get_keyboard_mapping(first, count + 1)
+        # Keycodes with no symbols, remapped on demand to type characters the keymap lacks (e.g. "✓"). Each such
+        # character keeps its own keycode while it can: clients read a remapped key with the mapping current when
+        # they process it, so reusing one keycode for the next character too soon would type that one twice.
+        self.spare_keycodes = [first + i for i, syms in enumerate(mapping) if not any(syms)]
+        if not self.spare_keycodes:
+            raise DesktopError("the keymap has no free keycode for typing arbitrary characters")
+        self.remapped: dict[int, int] = {}  # keysym -> spare keycode, least recently used first
+
+    # --- lifecycle ------------------------------------------------------------------------------------------------
+
+    def launch(self, command: list[str]) -> subprocess.Popen:
+        """Start an application on this desktop (its process group is stopped with the desktop)."""
+        proc = subprocess.Popen(
+            command, env=self.env(), cwd=self.home, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+        self.processes[f"app{len(self.processes)}"] = proc
+        return proc
+
+    def is_alive(self) -> bool:
+        core = [self.processes.get(name) for name in ("xvfb", "wm", "vnc")]
+        return all(proc is not None and proc.poll() is None for proc in core)
+
+    def stop(self) -> None:
+        for proc in reversed(list(self.processes.values())):
+            _stop_group(proc)
+        self.processes.clear()
+        for path in (Path(f"/tmp/.X{self.display}-lock"), Path(f"/tmp/.X11-unix/X{self.display}")):
+            path.unlink(missing_ok=True)
+        for handle in ("grabber", "x"):
+            obj = self.__dict__.pop(handle, None)
+            if obj is not None:
+                try:
+                    obj.close()
+                except Exception:
+                    pass
+
+    # --- observation ----------------------------------------------------------------------------------------------
+
+    def screenshot(self, size: tuple[int, int] | None = None, fmt: str = "jpeg", quality: int = 80) -> bytes:
+        """The screen as JPEG or PNG, resized to `size` (width, height) when given (the model's image size)."""
+        shot = self.grabber.grab({"left": 0, "top": 0, "width": self.width, "height": self.height})
+        image = Image.frombuffer("RGB", shot.size, shot.bgra, "raw", "BGRX", 0, 1)
+        if size and size != shot.size:
+            image = image.resize(size, Image.Resampling.BILINEAR)
+        out = io.BytesIO()
+        if fmt == "png":
+            image.save(out, "PNG", compress_level=1)
+        else:
+            image.save(out, "JPEG", quality=quality)
+        return out.getvalue()
+
+    def pointer(self) -> tuple[int, int]:
+        reply = self.x.screen().root.query_pointer()
+        return reply.root_x, reply.root_y
+
+    # --- actions --------------------------------------------------------------------------------------------------
+
+    def execute(self, action: Action, mapping: ScreenMapping | None = None) -> str:
+        """Run one action; model coordinates go through `mapping` (default: screen pixels). Returns a status."""
+        self._check_alive()
+        at = (lambda p: mapping.to_screen(p.x, p.y)) if mapping else (lambda p: (round(p.x), round(p.y)))
+        match action:
+            case Click(point):
+                self._click(*at(point), button=1)
+            case LeftDouble(point):
+                self._click(*at(point), button=1, times=2)
+            case RightSingle(point):
+                self._click(*at(point), button=3)
+            case Drag(start, end):
+                self._drag(at(start), at(end))
+            case Hotkey(keys):
+                self._hotkey(keys)
+            case Press(key):
+                self._key(key, press=True)
+            case Release(key):
+                self._key(key, press=False)
+            case Type(content):
+                self.type_text(content)
+            case Scroll(direction, point):
+                if point is not None:
+                    self._move(*at(point))
+                self._click(None, None, button=SCROLL_BUTTONS[direction], times=SCROLL_CLICKS)
+            case Wait():
+                time.sleep(self.wait_s)
+            case Finished() | CallUser():
+                return action.name
+            case _:
+                raise UnsupportedAction(f"{action.name} is not a desktop action")
+        self.x.sync()
+        return "ok"
+
+    def _check_alive(self) -> None:
+        if not self.is_alive():
+            raise DesktopError(f"desktop :{self.display} is gone (a process of it exited)")
+
+    def _move(self, x: int, y: int) -> None:
+        xtest.fake_input(self.x, X.MotionNotify, x=x, y=y)
+
+    def _click(self, x: int | None, y: int | None, *, button: int, times: int = 1) -> None:
+        if x is not None and y is not None:
+            self._move(x, y)
+        for _ in range(times):
+            xtest.fake_input(self.x, X.ButtonPress, button)
+            xtest.fake_input(self.x, X.ButtonRelease, button)
+
+    def _drag(self, start: tuple[int, int], end: tuple[int, int], steps: int = 10) -> None:
+        self._move(*start)
+        xtest.fake_input(self.x, X.ButtonPress, 1)
+        for i in range(1, steps + 1):
+            self._move(start[0] + (end[0] - start[0]) * i // steps, start[1] + (end[1] - start[1]) * i // steps)
+            self.x.sync()
+        xtest.fake_input(self.x, X.ButtonRelease, 1)
+
+    def _keycode(self, name: str) -> int:
+        keysym = XK.string_to_keysym(KEY_NAMES.get(name, name))
+        if keysym == 0 and len(name) == 1:
+            keysym = _char_keysym(name)
+        keycode = self.x.keysym_to_keycode(keysym)
+        if keycode == 0:
+            raise ValueError(f"unknown key {name!r}")
+        return keycode
+
+    def _key(self, name: str, *, press: bool) -> None:
+        xtest.fake_input(self.x, X.KeyPress if press else X.KeyRelease, self._keycode(name))
+
+    def _hotkey(self, keys: tuple[str, ...]) -> None:
+        codes = [self._keycode(k) for k in keys]
+        for code in codes:
+            xtest.fake_input(self.x, X.KeyPress, code)
+        for code in reversed(codes):
+            xtest.fake_input(self.x, X.KeyRelease, code)
+
+    def type_text(self, text: str) -> None:
+        """Type any Unicode text; newlines press Return. Characters missing from the keymap use a spare keycode."""
+        shift = self.x.keysym_to_keycode(XK.string_to_keysym("Shift_L"))
+        for ch in text:
+            keysym = (
+                XK.string_to_keysym("Return")
+                if ch == "\n"
+                else XK.string_to_keysym("Tab")
+                if ch == "\t"
+                else _char_keysym(ch)
+            )
+            code, level = self._lookup(keysym)
+            if code is None:
+                code, level = self._remap(keysym), 0
+            if level == 1:
+                xtest.fake_input(self.x, X.KeyPress, shift)
+            xtest.fake_input(self.x, X.KeyPress, code)
+            xtest.fake_input(self.x, X.KeyRelease, code)
+            if level == 1:
+                xtest.fake_input(self.x, X.KeyRelease, shift)
+            self.x.sync()
+
+    def _lookup(self, keysym: int) -> tuple[int | None, int]:
+        """A keycode of the standing keymap (and its shift level) that types `keysym`, if any."""
+        for code, index in self.x.keysym_to_keycodes(keysym):
+            if code not in self.spare_keycodes and index in (0, 1):
+                return code, index
+        return None, 0
+
+    def _remap(self, keysym: int) -> int:
+        """A spare keycode typing `keysym`: its own while it lasts, else the least recently used one."""
+        if keysym in self.remapped:
+            self.remapped[keysym] = self.remapped.pop(keysym)  # most recently used now
+            return self.remapped[keysym]
+        in_use = set(self.remapped.values())
+        free = [code for code in self.spare_keycodes if code not in in_use]
+        if free:
+            code = free[0]
+        else:
+            oldest = next(iter(self.remapped))
+            code = self.remapped.pop(oldest)
+            time.sleep(0.05)  # let clients read the key presses made with its previous symbol first
+        self.x.change_keyboard_mapping(code, [(keysym, keysym)])
+        self.x.sync()
+        self.remapped[keysym] = code
+        return code
+
+
+def _char_keysym(ch: str) -> int:
+    """X keysym of a character: Latin-1 maps directly, everything else is 0x01000000 + code point."""
+    point = ord(ch)
+    return point if 0x20 <= point <= 0x7E or 0xA0 <= point <= 0xFF else 0x01000000 + point
+
+
+def _read_display(fd: int, xvfb: subprocess.Popen, timeout: float) -> int:
+    deadline = time.monotonic() + timeout
+    data = b""
+    with os.fdopen(fd, "rb", buffering=0) as pipe:
+        os.set_blocking(fd, False)
+        while not data.endswith(b"\n"):
+            if xvfb.poll() is not None:
+                raise DesktopError(f"Xvfb exited with status {xvfb.returncode} before it was ready")
+            if time.monotonic() > deadline:
+                _stop_group(xvfb)
+                raise DesktopError(f"Xvfb did not start within {timeout} s")
+            try:
+                data += pipe.read(16) or b""
+            except BlockingIOError:
+                time.sleep(0.005)
+    return int(data.strip())
+
+
+def _stop_group(proc: subprocess.Popen, timeout: float = 5.0) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=timeout)
+        except ProcessLookupError:
+            pass
+
+
+def available() -> bool:
+    """Whether this machine has what a desktop needs (Xvfb, openbox, x11vnc)."""
+    return all(shutil.which(tool) for tool in ("Xvfb", "openbox", "x11vnc"))

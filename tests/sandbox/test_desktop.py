@@ -1,0 +1,84 @@
+"""Real desktops (Xvfb + openbox + x11vnc): actions land, Unicode types, nothing is left behind."""
+
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from sandbox.actions import Click, Hotkey, Navigate, Point, Scroll, Type, parse_actions
+from sandbox.coordinates import ScreenMapping
+from sandbox.desktop import Desktop, DesktopError, UnsupportedAction, available
+
+pytestmark = pytest.mark.skipif(not available(), reason="needs Xvfb, openbox and x11vnc (scripts/bootstrap)")
+
+
+@pytest.fixture
+def desktop(tmp_path):
+    desktop = Desktop.start(tmp_path / "home")
+    yield desktop
+    desktop.stop()
+
+
+def wait_for(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_screenshot_at_the_model_size_and_vnc_on_loopback(desktop):
+    mapping = ScreenMapping(desktop.width, desktop.height)
+    image = Image.open(__import__("io").BytesIO(desktop.screenshot(mapping.model_size)))
+    assert (image.format, image.size) == ("JPEG", (1288, 812))
+    with socket.create_connection(("127.0.0.1", desktop.vnc_port), timeout=5) as vnc:
+        assert vnc.recv(12).startswith(b"RFB ")
+
+
+def test_clicks_land_where_the_model_said(desktop):
+    mapping = ScreenMapping(desktop.width, desktop.height)
+    for action in parse_actions("click(start_box='(644,406)')\n\nscroll(start_box='(100,50)', direction='down')"):
+        desktop.execute(action, mapping)
+    assert desktop.pointer() == mapping.to_screen(100, 50)
+    desktop.execute(Click(Point(644, 406)), mapping)
+    assert desktop.pointer() == (640, 400)
+
+
+def test_typing_unicode_newlines_and_hotkeys_into_a_terminal(desktop):
+    out = desktop.home / "typed.txt"
+    desktop.launch(["xterm", "-geometry", "80x10+0+0", "-e", "sh", "-c", f'read line; printf %s "$line" > {out}'])
+    assert wait_for(lambda: _window_count(desktop) > 0), "xterm never mapped a window"
+    desktop.execute(Click(Point(100, 40)))
+    time.sleep(0.3)
+    desktop.execute(Type("garbage"))
+    desktop.execute(Hotkey(("ctrl", "u")))  # the terminal's line kill: erases what was typed
+    desktop.execute(Type("Héllo, wörld ✓ — 42 'quoted' \"too\"\n"))
+    assert wait_for(out.exists)
+    assert wait_for(lambda: out.read_text(encoding="utf-8") == "Héllo, wörld ✓ — 42 'quoted' \"too\"")
+
+
+def test_actions_of_other_spaces_are_refused(desktop):
+    with pytest.raises(UnsupportedAction, match="navigate is not a desktop action"):
+        desktop.execute(Navigate("https://example.org"))
+    desktop.execute(Scroll("up"))
+
+
+def test_a_dead_x_server_is_reported_and_stop_cleans_everything(tmp_path):
+    desktop = Desktop.start(tmp_path / "home")
+    display = desktop.display
+    desktop.processes["xvfb"].kill()
+    desktop.processes["xvfb"].wait()
+    with pytest.raises(DesktopError, match="is gone"):
+        desktop.execute(Click(Point(1, 1)))
+    desktop.stop()
+    assert not Path(f"/tmp/.X{display}-lock").exists() and not Path(f"/tmp/.X11-unix/X{display}").exists()
+    leftover = subprocess.run(["pgrep", "-f", f"(Xvfb|x11vnc).*:{display}( |$)"], capture_output=True, text=True)
+    assert leftover.stdout == "", leftover.stdout
+
+
+def _window_count(desktop) -> int:
+    return len(desktop.x.screen().root.query_tree().children)
