@@ -1,5 +1,8 @@
 """Shared fixtures: one user per role and API clients authenticated with their tokens."""
 
+import time
+from pathlib import Path
+
 import pytest
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
@@ -52,3 +55,31 @@ def api(annotator):
 @pytest.fixture
 def lead_api(lead):
     return api_client_for(lead)
+
+
+OUR_PROGRAMS = {"Xvfb", "x11vnc", "openbox", "xterm", "gunicorn", "daphne", "celery", "chromium"}
+
+
+def _our_processes() -> set[tuple[int, str]]:
+    """Live processes running one of the programs the tests start (matched on the command line's first words)."""
+    found = set()
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            words = cmdline.read_bytes().split(b"\0")[:3]
+        except OSError:
+            continue
+        names = {Path(w.decode(errors="replace")).name for w in words if w}
+        if names & OUR_PROGRAMS:
+            found.add((int(cmdline.parent.name), " ".join(sorted(names & OUR_PROGRAMS))))
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_process_left_behind():
+    """After the whole suite, no desktop, server or browser a test started may still run."""
+    before = _our_processes()
+    yield
+    deadline = time.monotonic() + 10
+    while (left := _our_processes() - before) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"processes left running after the tests: {sorted(left)}"
