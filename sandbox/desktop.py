@@ -176,6 +176,24 @@ class Desktop:
             image.save(out, "JPEG", quality=quality)
         return out.getvalue()
 
+    def windows(self) -> list[tuple[str, str]]:
+        """(WM class, title) of every top-level application window that is on screen, e.g. ("XTerm", "xterm")."""
+        found = []
+        pending = list(self.x.screen().root.query_tree().children)
+        while pending:
+            window = pending.pop()
+            try:
+                if window.get_attributes().map_state != X.IsViewable:
+                    continue
+                wm_class = window.get_wm_class()
+                if wm_class:
+                    found.append((wm_class[1], window.get_wm_name() or ""))
+                else:
+                    pending.extend(window.query_tree().children)  # a window manager frame: look inside
+            except Exception:
+                continue
+        return found
+
     def pointer(self) -> tuple[int, int]:
         reply = self.x.screen().root.query_pointer()
         return reply.root_x, reply.root_y

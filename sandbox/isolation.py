@@ -1,0 +1,92 @@
+"""Each sandbox session runs as an unprivileged user of its own, inside bubblewrap, with resource limits.
+
+A session's commands see the machine read-only except their own home; the service's code, data and secrets, other
+sessions' homes and /root are hidden behind empty tmpfs mounts; they live in their own PID namespace (they can't
+see or signal anyone else's processes) and under per-user process and memory limits.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+class IsolationError(RuntimeError):
+    """The session's user or sandbox could not be set up."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_processes: int = 256
+    max_memory_bytes: int = 4 * 1024**3
+    max_open_files: int = 1024
+
+
+@dataclass(frozen=True)
+class SessionUser:
+    name: str
+    uid: int
+    gid: int
+    home: Path
+    hidden: tuple[Path, ...] = field(default=())  # paths masked from this session's commands
+
+    def confine(self, command: list[str], limits: Limits | None = None, *, cwd: Path | None = None) -> list[str]:
+        """`command` wrapped to run as this user, in bubblewrap, under `limits`."""
+        limits = limits or Limits()
+        wrapper = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+        for path in self.hidden:
+            if path.exists():
+                wrapper += ["--tmpfs", str(path)]
+        # Everything around it is hidden above; this session's home comes back, writable, and so do the X sockets.
+        wrapper += ["--bind", str(self.home), str(self.home)]
+        if Path("/tmp/.X11-unix").is_dir():
+            wrapper += ["--bind", "/tmp/.X11-unix", "/tmp/.X11-unix"]
+        wrapper += ["--unshare-pid", "--unshare-ipc", "--die-with-parent", "--new-session"]
+        wrapper += ["--chdir", str(cwd or self.home), "--setenv", "HOME", str(self.home), "--setenv", "USER", self.name]
+        limit = ["prlimit", f"--nproc={limits.max_processes}", f"--as={limits.max_memory_bytes}"]
+        limit += [f"--nofile={limits.max_open_files}", "--"]
+        drop = ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups", "--no-new-privs", "--"]
+        return [*wrapper, "--", *limit, *drop, *command]
+
+
+def isolation_available() -> bool:
+    """Root, and the tools: bubblewrap, setpriv, prlimit, useradd."""
+    tools = ("bwrap", "setpriv", "prlimit", "useradd", "userdel")
+    return os.geteuid() == 0 and all(shutil.which(tool) for tool in tools)
+
+
+def create_session_user(session_id: str, sessions_root: Path, *, hidden: tuple[Path, ...] = ()) -> SessionUser:
+    """A fresh system user `sbx-<id>` with a private home `sessions_root/<id>` (mode 0700)."""
+    if not isolation_available():
+        raise IsolationError("session isolation needs root and bwrap, setpriv, prlimit, useradd (scripts/bootstrap)")
+    if not session_id.isalnum():
+        raise IsolationError(f"session id {session_id!r} must be alphanumeric")
+    name = f"sbx-{session_id[:24]}"
+    home = sessions_root / session_id
+    sessions_root.mkdir(parents=True, exist_ok=True)
+    os.chmod(sessions_root, 0o711)  # others may pass through to their own home, not list the sessions
+    result = subprocess.run(
+        ["useradd", "--system", "--no-create-home", "--home-dir", str(home), "--shell", "/usr/sbin/nologin",
+         "--user-group", name],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if result.returncode != 0:
+        raise IsolationError(f"useradd {name} failed: {result.stderr.strip()}")
+    entry = pwd.getpwnam(name)
+    home.mkdir(mode=0o700)
+    os.chown(home, entry.pw_uid, entry.pw_gid)
+    masked = (PROJECT_ROOT, Path("/root"), sessions_root, *hidden)
+    return SessionUser(name, entry.pw_uid, entry.pw_gid, home, masked)
+
+
+def delete_session_user(user: SessionUser) -> None:
+    """Kill whatever the user still runs, then remove the user and its home."""
+    subprocess.run(["pkill", "-KILL", "-u", str(user.uid)], capture_output=True)
+    subprocess.run(["userdel", user.name], capture_output=True)
+    shutil.rmtree(user.home, ignore_errors=True)
