@@ -38,6 +38,7 @@ from .actions import (
     Wait,
 )
 from .coordinates import ScreenMapping
+from .isolation import SessionUser
 
 # UI-TARS key names -> X keysym names.
 KEY_NAMES = {
@@ -76,31 +77,40 @@ class Desktop:
     vnc_port: int
     home: Path
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    user: SessionUser | None = None
     wait_s: float = 1.0
 
     @classmethod
-    def start(cls, home: Path, width: int = 1280, height: int = 800, *, timeout: float = 10.0) -> Desktop:
+    def start(
+        cls,
+        home: Path,
+        width: int = 1280,
+        height: int = 800,
+        *,
+        user: SessionUser | None = None,
+        timeout: float = 10.0,
+    ) -> Desktop:
+        """Start a desktop; with `user`, its X server, window manager and VNC server run as that user, and the
+        applications it launches are confined like the user's shell commands (see isolation.py)."""
+        home = user.home if user else home
         home.mkdir(parents=True, exist_ok=True)
+        run_as = _run_as(user)
         read_fd, write_fd = os.pipe()
         xvfb = subprocess.Popen(
-            ["Xvfb", "-displayfd", str(write_fd), "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp",
+            [*run_as, "Xvfb", "-displayfd", str(write_fd), "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp",
              "+extension", "XTEST", "-noreset"],
             pass_fds=(write_fd,), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
         os.close(write_fd)
         display = _read_display(read_fd, xvfb, timeout)
-        desktop = cls(display, width, height, free_port(), home, {"xvfb": xvfb})
+        desktop = cls(display, width, height, free_port(), home, {"xvfb": xvfb}, user=user)
         env = desktop.env()
         try:
-            desktop.processes["wm"] = subprocess.Popen(
-                ["openbox", "--sm-disable"], env=env, cwd=home, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                start_new_session=True,
-            )  # fmt: skip
-            desktop.processes["vnc"] = subprocess.Popen(
-                ["x11vnc", "-display", f":{display}", "-localhost", "-rfbport", str(desktop.vnc_port), "-forever",
-                 "-shared", "-nopw", "-quiet", "-noxdamage"],
-                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-            )  # fmt: skip
+            quiet = {"env": env, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "start_new_session": True}
+            desktop.processes["wm"] = subprocess.Popen([*run_as, "openbox", "--sm-disable"], cwd=home, **quiet)
+            vnc = ["x11vnc", "-display", f":{display}", "-localhost", "-rfbport", str(desktop.vnc_port)]
+            vnc += ["-forever", "-shared", "-nopw", "-quiet", "-noxdamage"]
+            desktop.processes["vnc"] = subprocess.Popen([*run_as, *vnc], **quiet)
             desktop._connect()
         except BaseException:
             desktop.stop()
@@ -136,8 +146,9 @@ class Desktop:
 
     def launch(self, command: list[str]) -> subprocess.Popen:
         """Start an application on this desktop (its process group is stopped with the desktop)."""
+        argv = self.user.confine(command) if self.user else command
         proc = subprocess.Popen(
-            command, env=self.env(), cwd=self.home, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            argv, env=self.env(), cwd=self.home, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True,
         )  # fmt: skip
         self.processes[f"app{len(self.processes)}"] = proc
@@ -321,6 +332,12 @@ class Desktop:
         self.x.sync()
         self.remapped[keysym] = code
         return code
+
+
+def _run_as(user: SessionUser | None) -> list[str]:
+    if user is None:
+        return []
+    return ["setpriv", f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups", "--no-new-privs", "--"]
 
 
 def _char_keysym(ch: str) -> int:

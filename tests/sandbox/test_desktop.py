@@ -3,6 +3,7 @@
 import socket
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from PIL import Image
 from sandbox.actions import Click, Hotkey, Navigate, Point, Scroll, Type, parse_actions
 from sandbox.coordinates import ScreenMapping
 from sandbox.desktop import Desktop, DesktopError, UnsupportedAction, available
+from sandbox.isolation import create_session_user, delete_session_user, isolation_available
 
 pytestmark = pytest.mark.skipif(not available(), reason="needs Xvfb, openbox and x11vnc (scripts/bootstrap)")
 
@@ -78,3 +80,26 @@ def test_a_dead_x_server_is_reported_and_stop_cleans_everything(tmp_path):
     assert not Path(f"/tmp/.X{display}-lock").exists() and not Path(f"/tmp/.X11-unix/X{display}").exists()
     leftover = subprocess.run(["pgrep", "-f", f"(Xvfb|x11vnc).*:{display}( |$)"], capture_output=True, text=True)
     assert leftover.stdout == "", leftover.stdout
+
+
+@pytest.mark.skipif(not isolation_available(), reason="needs root, bwrap, setpriv, prlimit, useradd")
+def test_a_session_desktop_runs_as_the_session_user(tmp_path):
+    user = create_session_user(uuid.uuid4().hex[:12], tmp_path / "sessions")
+    desktop = Desktop.start(user.home, user=user)
+    try:
+        for name in ("xvfb", "wm", "vnc"):
+            assert _uid_of(desktop.processes[name].pid) == user.uid, name
+        out = user.home / "made-by-xterm.txt"
+        desktop.launch(["xterm", "-e", "sh", "-c", f"id -un > {out}"])
+        assert wait_for(out.exists)
+        assert wait_for(lambda: out.read_text().strip() == user.name)
+        assert out.stat().st_uid == user.uid
+    finally:
+        desktop.stop()
+        delete_session_user(user)
+
+
+def _uid_of(pid: int) -> int:
+    """The real uid of `pid` (setpriv drops privileges and then execs in place, so the pid stays the same)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("Uid:")))
