@@ -39,7 +39,8 @@ def cold_start(home: Path) -> float:
     desktop = Desktop.start(home)
     while True:
         try:
-            socket.create_connection(("127.0.0.1", desktop.vnc_port), timeout=1).close()
+            with socket.socket(socket.AF_UNIX) as vnc:
+                vnc.connect(str(desktop.vnc_socket))
             break
         except OSError:
             time.sleep(0.005)

@@ -1,4 +1,4 @@
-"""A virtual desktop for one sandbox session: Xvfb + openbox + x11vnc (loopback), actions injected with XTEST.
+"""A virtual desktop for one sandbox session: Xvfb + openbox + x11vnc (on a unix socket), actions through XTEST.
 
 Actions go through one X connection held by this process (python-xlib's XTEST), not one xdotool process per
 action; screenshots come from mss and are encoded at the size the model is told (see coordinates.ScreenMapping).
@@ -10,7 +10,6 @@ import io
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -61,12 +60,6 @@ class UnsupportedAction(ValueError):
     """The action belongs to another action space (browser or mobile)."""
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @dataclass
 class Desktop:
     """A running desktop. Start one with `Desktop.start()`; `stop()` leaves no process, lock or socket behind."""
@@ -74,7 +67,7 @@ class Desktop:
     display: int
     width: int
     height: int
-    vnc_port: int
+    vnc_socket: Path  # VNC only on this unix socket in the session's 0700 home: no TCP port anyone could reach
     home: Path
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
     user: SessionUser | None = None
@@ -103,15 +96,17 @@ class Desktop:
         )  # fmt: skip
         os.close(write_fd)
         display = _read_display(read_fd, xvfb, timeout)
-        desktop = cls(display, width, height, free_port(), home, {"xvfb": xvfb}, user=user)
+        desktop = cls(display, width, height, home / ".vnc.sock", home, {"xvfb": xvfb}, user=user)
+        desktop.vnc_socket.unlink(missing_ok=True)
         env = desktop.env()
         try:
             quiet = {"env": env, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "start_new_session": True}
             desktop.processes["wm"] = subprocess.Popen([*run_as, "openbox", "--sm-disable"], cwd=home, **quiet)
-            vnc = ["x11vnc", "-display", f":{display}", "-localhost", "-rfbport", str(desktop.vnc_port)]
-            vnc += ["-forever", "-shared", "-nopw", "-quiet", "-noxdamage"]
+            vnc = ["x11vnc", "-display", f":{display}", "-unixsock", str(desktop.vnc_socket), "-rfbport", "0"]
+            vnc += ["-rfbportv6", "-1", "-noipv6", "-forever", "-shared", "-nopw", "-quiet", "-noxdamage"]
             desktop.processes["vnc"] = subprocess.Popen([*run_as, *vnc], **quiet)
             desktop._connect()
+            desktop._wait_for_window_manager(timeout)
         except BaseException:
             desktop.stop()
             raise
@@ -142,6 +137,18 @@ class Desktop:
             raise DesktopError("the keymap has no free keycode for typing arbitrary characters")
         self.remapped: dict[int, int] = {}  # keysym -> spare keycode, least recently used first
 
+    def _wait_for_window_manager(self, timeout: float) -> None:
+        """Block until openbox manages the screen: a window mapped before that may never be shown."""
+        check = self.x.intern_atom("_NET_SUPPORTING_WM_CHECK")
+        root = self.x.screen().root
+        deadline = time.monotonic() + timeout
+        while root.get_full_property(check, X.AnyPropertyType) is None:
+            if self.processes["wm"].poll() is not None:
+                raise DesktopError(f"the window manager exited with status {self.processes['wm'].returncode}")
+            if time.monotonic() > deadline:
+                raise DesktopError(f"the window manager did not start within {timeout} s")
+            time.sleep(0.01)
+
     # --- lifecycle ------------------------------------------------------------------------------------------------
 
     def launch(self, command: list[str]) -> subprocess.Popen:
@@ -162,7 +169,7 @@ class Desktop:
         for proc in reversed(list(self.processes.values())):
             _stop_group(proc)
         self.processes.clear()
-        for path in (Path(f"/tmp/.X{self.display}-lock"), Path(f"/tmp/.X11-unix/X{self.display}")):
+        for path in (Path(f"/tmp/.X{self.display}-lock"), Path(f"/tmp/.X11-unix/X{self.display}"), self.vnc_socket):
             path.unlink(missing_ok=True)
         for handle in ("grabber", "x"):
             obj = self.__dict__.pop(handle, None)

@@ -33,12 +33,17 @@ def wait_for(predicate, timeout=10.0):
     return False
 
 
-def test_screenshot_at_the_model_size_and_vnc_on_loopback(desktop):
+def test_screenshot_at_the_model_size_and_vnc_on_a_private_unix_socket(desktop):
     mapping = ScreenMapping(desktop.width, desktop.height)
     image = Image.open(__import__("io").BytesIO(desktop.screenshot(mapping.model_size)))
     assert (image.format, image.size) == ("JPEG", (1288, 812))
-    with socket.create_connection(("127.0.0.1", desktop.vnc_port), timeout=5) as vnc:
+    assert wait_for(desktop.vnc_socket.exists)
+    with socket.socket(socket.AF_UNIX) as vnc:
+        vnc.settimeout(5)
+        vnc.connect(str(desktop.vnc_socket))
         assert vnc.recv(12).startswith(b"RFB ")
+    listening = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True).stdout
+    assert "x11vnc" not in listening  # no TCP port at all
 
 
 def test_clicks_land_where_the_model_said(desktop):
