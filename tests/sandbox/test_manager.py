@@ -1,0 +1,67 @@
+"""The session manager with real desktops, users and Redis leases: pool, capacity, loss and reclaim."""
+
+import time
+import uuid
+
+import pytest
+import redis
+from django.conf import settings
+
+from sandbox.actions import Click, Point
+from sandbox.desktop import available
+from sandbox.isolation import isolation_available
+from sandbox.leases import LeaseStore, NoCapacity, NotLeaseOwner
+from sandbox.manager import SessionLost, SessionManager
+
+pytestmark = pytest.mark.skipif(
+    not (available() and isolation_available()), reason="needs root, X (Xvfb, openbox, x11vnc) and bubblewrap"
+)
+
+
+@pytest.fixture
+def manager(tmp_path):
+    client = redis.Redis.from_url(f"{settings.REDIS_URL}/12")
+    namespace = f"test-{uuid.uuid4().hex}"
+    manager = SessionManager(LeaseStore(client, capacity=2, namespace=namespace), tmp_path / "s", isolate=True, warm=1)
+    yield manager
+    manager.shutdown()
+    for key in client.scan_iter(f"{namespace}:*"):
+        client.delete(key)
+    client.close()
+
+
+def test_warm_pool_capacity_and_release(manager):
+    assert manager.fill_warm_pool() == 1
+    warm_id = manager.pool[0].session_id
+    started = time.perf_counter()
+    first = manager.allocate("alice", ttl_s=30)
+    assert first.session_id == warm_id and time.perf_counter() - started < 0.5
+    second = manager.allocate("bob", ttl_s=30)  # pool empty: a fresh desktop
+    with pytest.raises(NoCapacity):
+        manager.allocate("carol", ttl_s=30)
+    assert not manager.pool and len(manager.sessions) == 2  # the refusal came before any desktop was started
+    with pytest.raises(NotLeaseOwner):
+        manager.release(first.session_id, "bob")
+    manager.release(first.session_id, "alice")
+    assert not first.user.home.exists() and not first.desktop.is_alive()
+    assert manager.get(second.session_id, "bob").desktop.is_alive()
+
+
+def test_a_dead_x_server_loses_the_session_and_nothing_else(manager):
+    doomed, other = manager.allocate("alice", ttl_s=30), manager.allocate("bob", ttl_s=30)
+    doomed.desktop.processes["xvfb"].kill()
+    doomed.desktop.processes["xvfb"].wait()
+    with pytest.raises(SessionLost, match="its desktop died"):
+        manager.get(doomed.session_id, "alice")
+    assert not doomed.user.home.exists()
+    assert manager.leases.live_count() == 1
+    manager.get(other.session_id, "bob").desktop.execute(Click(Point(5, 5)))  # undisturbed
+    assert manager.allocate("carol", ttl_s=30)  # the slot is free again
+
+
+def test_expired_leases_are_reclaimed(manager):
+    session = manager.allocate("alice", ttl_s=0.2)
+    time.sleep(0.3)
+    assert manager.reclaim() == [(session.session_id, "its lease expired")]
+    assert not session.desktop.is_alive() and not session.user.home.exists()
+    assert manager.sessions == {}
