@@ -14,6 +14,8 @@ from sandbox.coordinates import ScreenMapping
 from sandbox.desktop import Desktop, DesktopError, UnsupportedAction, available
 from sandbox.isolation import create_session_user, delete_session_user, isolation_available
 
+from ..waiting import wait_for
+
 pytestmark = pytest.mark.skipif(not available(), reason="needs Xvfb, openbox and x11vnc (scripts/bootstrap)")
 
 
@@ -22,15 +24,6 @@ def desktop(tmp_path):
     desktop = Desktop.start(tmp_path / "home")
     yield desktop
     desktop.stop()
-
-
-def wait_for(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_screenshot_at_the_model_size_and_vnc_on_a_private_unix_socket(desktop):

@@ -12,6 +12,8 @@ import pytest
 from sandbox.isolation import PROJECT_ROOT, Limits, create_session_user, delete_session_user, isolation_available
 from sandbox.sdk import Files, PathOutsideSession, run_shell
 
+from ..waiting import wait_for
+
 pytestmark = pytest.mark.skipif(not isolation_available(), reason="needs root, bwrap, setpriv, prlimit, useradd")
 
 
@@ -94,12 +96,3 @@ def test_files_stay_inside_the_session(make_session):
 def _pids_of(uid: int, name: str) -> list[int]:
     result = subprocess.run(["pgrep", "-u", str(uid), "-x", name], capture_output=True, text=True)
     return [int(pid) for pid in result.stdout.split()]
-
-
-def wait_for(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
