@@ -16,9 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import mss
+from mss.exception import ScreenShotError
 from PIL import Image
 from Xlib import XK, X
 from Xlib import display as xdisplay
+from Xlib.error import ConnectionClosedError, XError
 from Xlib.ext import xtest
 
 from .actions import (
@@ -183,7 +185,11 @@ class Desktop:
 
     def screenshot(self, size: tuple[int, int] | None = None, fmt: str = "jpeg", quality: int = 80) -> bytes:
         """The screen as JPEG or PNG, resized to `size` (width, height) when given (the model's image size)."""
-        shot = self.grabber.grab({"left": 0, "top": 0, "width": self.width, "height": self.height})
+        self._check_alive()
+        try:
+            shot = self.grabber.grab({"left": 0, "top": 0, "width": self.width, "height": self.height})
+        except (ScreenShotError, OSError) as exc:
+            raise DesktopError(f"desktop :{self.display} is gone ({type(exc).__name__})") from exc
         image = Image.frombuffer("RGB", shot.size, shot.bgra, "raw", "BGRX", 0, 1)
         if size and size != shot.size:
             image = image.resize(size, Image.Resampling.BILINEAR)
@@ -221,6 +227,12 @@ class Desktop:
     def execute(self, action: Action, mapping: ScreenMapping | None = None) -> str:
         """Run one action; model coordinates go through `mapping` (default: screen pixels). Returns a status."""
         self._check_alive()
+        try:
+            return self._execute(action, mapping)
+        except (XError, ConnectionClosedError, OSError) as exc:
+            raise DesktopError(f"desktop :{self.display} is gone ({type(exc).__name__})") from exc
+
+    def _execute(self, action: Action, mapping: ScreenMapping | None) -> str:
         at = (lambda p: mapping.to_screen(p.x, p.y)) if mapping else (lambda p: (round(p.x), round(p.y)))
         match action:
             case Click(point):

@@ -11,11 +11,13 @@ import logging
 import secrets
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .coordinates import ScreenMapping
-from .desktop import Desktop
+from .desktop import Desktop, DesktopError
 from .isolation import SessionUser, create_session_user, delete_session_user
 from .leases import LeaseNotFound, LeaseStore, NotLeaseOwner
 
@@ -33,6 +35,8 @@ class Session:
     user: SessionUser | None
     owner: str = ""
     created: float = field(default_factory=time.time)
+    # One caller at a time drives the desktop: its X connection is not thread-safe.
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def mapping(self) -> ScreenMapping:
@@ -119,6 +123,16 @@ class SessionManager:
             self._reclaim(session_id, "its desktop died")
             raise SessionLost(f"session {session_id} is lost: its desktop died; it has been reclaimed")
         return session
+
+    @contextmanager
+    def driving(self, session: Session) -> Iterator[Desktop]:
+        """Exclusive use of a session's desktop; if it dies meanwhile, the session is reclaimed (SessionLost)."""
+        with session.lock:
+            try:
+                yield session.desktop
+            except DesktopError as exc:
+                self._reclaim(session.session_id, "its desktop died")
+                raise SessionLost(f"session {session.session_id} is lost: {exc}; it has been reclaimed") from exc
 
     def renew(self, session_id: str, owner: str, ttl_s: float | None = None) -> None:
         self.get(session_id, owner)

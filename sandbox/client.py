@@ -1,0 +1,107 @@
+"""Python client of the sandbox service (used by the web app and the trainer). Errors come back typed."""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+
+class SandboxError(Exception):
+    """An error answered by the service: `code` (e.g. "no_capacity"), HTTP `status` and its message."""
+
+    def __init__(self, code: str, status: int, detail: str):
+        super().__init__(f"{code}: {detail}")
+        self.code, self.status, self.detail = code, status, detail
+
+
+class NoCapacityError(SandboxError):
+    pass
+
+
+class SessionGoneError(SandboxError):
+    """The session was lost (its desktop died), its lease expired, or it does not exist."""
+
+
+class ActionError(SandboxError):
+    """The action text is not valid UI-TARS, or not an action of this environment."""
+
+
+_TYPES = {
+    "no_capacity": NoCapacityError,
+    "session_lost": SessionGoneError,
+    "lease_expired": SessionGoneError,
+    "session_not_found": SessionGoneError,
+    "action_syntax": ActionError,
+    "unsupported_action": ActionError,
+}
+
+
+@dataclass(frozen=True)
+class StepResult:
+    results: list[str]
+    actions: list[dict[str, Any]]
+    observation_jpeg: bytes | None
+    elapsed_ms: float
+
+
+class SandboxClient:
+    """One caller (`owner`) of the service at `base_url`, authenticated with the service's API key."""
+
+    def __init__(self, base_url: str, api_key: str, owner: str, *, timeout_s: float = 120.0) -> None:
+        self.owner = owner
+        self.http = httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {api_key}"}, timeout=timeout_s)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        response = self.http.request(method, path, **kwargs)
+        if response.status_code >= 400:
+            try:
+                body = response.json()
+                code, detail = body.get("error", "http_error"), str(body.get("detail", body))
+            except ValueError:
+                code, detail = "http_error", response.text[:500]
+            raise _TYPES.get(code, SandboxError)(code, response.status_code, detail)
+        return response
+
+    def allocate(self, ttl_s: float = 300) -> dict[str, Any]:
+        return self._call("POST", "/sessions", json={"owner": self.owner, "ttl_s": ttl_s}).json()
+
+    def renew(self, session_id: str, ttl_s: float | None = None) -> dict[str, Any]:
+        return self._call("POST", f"/sessions/{session_id}/renew", json={"owner": self.owner, "ttl_s": ttl_s}).json()
+
+    def release(self, session_id: str) -> None:
+        self._call("DELETE", f"/sessions/{session_id}", params={"owner": self.owner})
+
+    def step(
+        self, session_id: str, action_text: str, *, coordinates: str = "model", observe: bool = True
+    ) -> StepResult:
+        body = {"owner": self.owner, "action_text": action_text, "coordinates": coordinates, "observe": observe}
+        data = self._call("POST", f"/sessions/{session_id}/step", json=body).json()
+        image = data.get("observation_jpeg_base64")
+        return StepResult(
+            data["results"], data["actions"], base64.b64decode(image) if image else None, data["elapsed_ms"]
+        )
+
+    def observe(self, session_id: str, *, fmt: str = "jpeg", size: str = "model") -> bytes:
+        params = {"owner": self.owner, "fmt": fmt, "size": size}
+        return self._call("GET", f"/sessions/{session_id}/observation", params=params).content
+
+    def shell(self, session_id: str, command: str, timeout_s: float = 30) -> dict[str, Any]:
+        body = {"owner": self.owner, "command": command, "timeout_s": timeout_s}
+        return self._call("POST", f"/sessions/{session_id}/shell", json=body).json()
+
+    def list_files(self, session_id: str, path: str = ".") -> list[dict[str, Any]]:
+        return self._call("GET", f"/sessions/{session_id}/files", params={"owner": self.owner, "path": path}).json()
+
+    def read_file(self, session_id: str, path: str) -> bytes:
+        params = {"owner": self.owner, "path": path}
+        return self._call("GET", f"/sessions/{session_id}/files/content", params=params).content
+
+    def write_file(self, session_id: str, path: str, data: bytes) -> None:
+        params = {"owner": self.owner, "path": path}
+        self._call("PUT", f"/sessions/{session_id}/files/content", params=params, content=data)

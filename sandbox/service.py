@@ -1,0 +1,266 @@
+"""The sandbox service: an HTTP/JSON API over the session manager, for the web app and the trainer.
+
+Run it with `python -m sandbox.service` (settings from the environment, see `ServiceConfig`); the OpenAPI
+documentation is at /docs. Callers authenticate with `Authorization: Bearer <SANDBOX_API_KEY>`; each session is
+also bound to the `owner` that allocated it. Errors are JSON: {"error": <code>, "detail": <message>}.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import secrets
+import threading
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import redis
+from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, Field
+
+from .actions import ActionSyntaxError, action_to_dict, parse_actions
+from .desktop import DesktopError, UnsupportedAction
+from .isolation import isolation_available
+from .leases import LeaseExpired, LeaseNotFound, LeaseStore, NoCapacity, NotLeaseOwner
+from .manager import Session, SessionLost, SessionManager
+from .sdk import Files, PathOutsideSession, run_shell
+
+ERRORS: list[tuple[type[Exception], int, str]] = [
+    (NoCapacity, 503, "no_capacity"),
+    (NotLeaseOwner, 403, "not_owner"),
+    (LeaseNotFound, 404, "session_not_found"),
+    (LeaseExpired, 410, "lease_expired"),
+    (SessionLost, 410, "session_lost"),
+    (DesktopError, 410, "session_lost"),
+    (ActionSyntaxError, 400, "action_syntax"),
+    (UnsupportedAction, 400, "unsupported_action"),
+    (PathOutsideSession, 400, "path_outside_session"),
+    (FileNotFoundError, 404, "file_not_found"),
+    (NotADirectoryError, 400, "not_a_directory"),
+]
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """Service settings, from SANDBOX_* environment variables."""
+
+    api_key: str
+    redis_url: str
+    capacity: int
+    warm: int
+    sessions_root: Path
+    namespace: str
+    isolate: bool
+
+    @classmethod
+    def from_env(cls) -> ServiceConfig:
+        key = os.environ.get("SANDBOX_API_KEY", "")
+        if len(key) < 16:
+            raise SystemExit("set SANDBOX_API_KEY (16+ characters): callers must present it")
+        return cls(
+            api_key=key,
+            redis_url=os.environ.get("SANDBOX_REDIS_URL", "redis://127.0.0.1:63790/3"),
+            capacity=int(os.environ.get("SANDBOX_CAPACITY", "8")),
+            warm=int(os.environ.get("SANDBOX_WARM", "1")),
+            sessions_root=Path(os.environ.get("SANDBOX_ROOT", "/var/tmp/sandbox-sessions")),
+            namespace=os.environ.get("SANDBOX_NAMESPACE", "sandbox"),
+            isolate=os.environ.get("SANDBOX_ISOLATE", "1" if isolation_available() else "0") == "1",
+        )
+
+
+class AllocateRequest(BaseModel):
+    owner: str = Field(min_length=1, max_length=200, description="Who holds the session (e.g. user:42).")
+    ttl_s: float = Field(default=300, gt=0, le=86400)
+
+
+class SessionInfo(BaseModel):
+    session_id: str
+    owner: str
+    screen_width: int
+    screen_height: int
+    model_width: int = Field(description="Width of the image the model sees; its coordinates refer to it.")
+    model_height: int
+
+
+class RenewRequest(BaseModel):
+    owner: str
+    ttl_s: float | None = Field(default=None, gt=0, le=86400)
+
+
+class StepRequest(BaseModel):
+    owner: str
+    action_text: str = Field(description="UI-TARS action text, one or more actions separated by blank lines.")
+    coordinates: Literal["model", "screen"] = "model"
+    observe: bool = Field(default=True, description="Return a screenshot (JPEG, model size) taken after the step.")
+
+
+class StepResponse(BaseModel):
+    results: list[str]
+    actions: list[dict]
+    observation_jpeg_base64: str | None = None
+    elapsed_ms: float
+
+
+class ShellRequest(BaseModel):
+    owner: str
+    command: str = Field(min_length=1, max_length=100_000)
+    timeout_s: float = Field(default=30, gt=0, le=3600)
+
+
+class ShellResponse(BaseModel):
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool
+    duration_s: float
+
+
+def create_app(manager: SessionManager, api_key: str, *, reclaim_every_s: float = 5.0) -> FastAPI:
+    """The API over `manager`; a background thread reclaims dead or expired sessions and refills the warm pool."""
+    stop = threading.Event()
+
+    def housekeeping() -> None:
+        while not stop.wait(reclaim_every_s):
+            manager.reclaim()
+            manager.fill_warm_pool()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):  # type: ignore[no-untyped-def]
+        await run_in_threadpool(manager.fill_warm_pool)
+        worker = threading.Thread(target=housekeeping, name="sandbox-housekeeping", daemon=True)
+        worker.start()
+        yield
+        stop.set()
+        worker.join(timeout=10)
+        await run_in_threadpool(manager.shutdown)
+
+    app = FastAPI(title="Sandbox service", version="0.1.0", description=__doc__, lifespan=lifespan)
+
+    def authorized(authorization: str = Header(default="")) -> None:
+        if not secrets.compare_digest(authorization.encode(), f"Bearer {api_key}".encode()):
+            raise _Unauthorized()
+
+    for exc_type, status, code in ERRORS:
+        app.add_exception_handler(exc_type, _handler(status, code))
+    app.add_exception_handler(_Unauthorized, _handler(401, "unauthorized"))
+
+    def info(session: Session) -> SessionInfo:
+        width, height = session.mapping.model_size
+        return SessionInfo(
+            session_id=session.session_id, owner=session.owner, screen_width=session.desktop.width,
+            screen_height=session.desktop.height, model_width=width, model_height=height,
+        )  # fmt: skip
+
+    auth = [Depends(authorized)]
+
+    @app.post("/sessions", dependencies=auth, status_code=201)
+    def allocate(body: AllocateRequest) -> SessionInfo:
+        return info(manager.allocate(body.owner, body.ttl_s))
+
+    @app.post("/sessions/{session_id}/renew", dependencies=auth)
+    def renew(session_id: str, body: RenewRequest) -> SessionInfo:
+        manager.renew(session_id, body.owner, body.ttl_s)
+        return info(manager.get(session_id, body.owner))
+
+    @app.delete("/sessions/{session_id}", dependencies=auth, status_code=204)
+    def release(session_id: str, owner: str = Query()) -> Response:
+        manager.release(session_id, owner)
+        return Response(status_code=204)
+
+    @app.post("/sessions/{session_id}/step", dependencies=auth)
+    def step(session_id: str, body: StepRequest) -> StepResponse:
+        started = time.perf_counter()
+        session = manager.get(session_id, body.owner)
+        actions = parse_actions(body.action_text)
+        mapping = session.mapping if body.coordinates == "model" else None
+        observation = None
+        with manager.driving(session) as desktop:
+            results = [desktop.execute(action, mapping) for action in actions]
+            if body.observe:
+                observation = base64.b64encode(desktop.screenshot(session.mapping.model_size)).decode()
+        return StepResponse(
+            results=results, actions=[action_to_dict(a) for a in actions], observation_jpeg_base64=observation,
+            elapsed_ms=(time.perf_counter() - started) * 1000,
+        )  # fmt: skip
+
+    @app.get("/sessions/{session_id}/observation", dependencies=auth, response_class=Response)
+    def observe(
+        session_id: str,
+        owner: str = Query(),
+        fmt: Literal["jpeg", "png"] = "jpeg",
+        size: Literal["model", "screen"] = "model",
+    ) -> Response:
+        session = manager.get(session_id, owner)
+        dimensions = session.mapping.model_size if size == "model" else None
+        with manager.driving(session) as desktop:
+            image = desktop.screenshot(dimensions, fmt=fmt)
+        return Response(image, media_type=f"image/{fmt}")
+
+    @app.post("/sessions/{session_id}/shell", dependencies=auth)
+    def shell(session_id: str, body: ShellRequest) -> ShellResponse:
+        session = manager.get(session_id, body.owner)
+        if session.user is None:
+            raise UnsupportedAction("shell commands need isolated sessions (SANDBOX_ISOLATE=1, as root)")
+        result = run_shell(session.user, body.command, timeout_s=body.timeout_s)
+        return ShellResponse(**result.__dict__)
+
+    @app.get("/sessions/{session_id}/files", dependencies=auth)
+    def list_files(session_id: str, owner: str = Query(), path: str = ".") -> list[dict]:
+        return _files(manager.get(session_id, owner)).list(path)
+
+    @app.get("/sessions/{session_id}/files/content", dependencies=auth, response_class=Response)
+    def read_file(session_id: str, owner: str = Query(), path: str = Query()) -> Response:
+        return Response(_files(manager.get(session_id, owner)).read(path), media_type="application/octet-stream")
+
+    @app.put("/sessions/{session_id}/files/content", dependencies=auth, status_code=204)
+    async def write_file(session_id: str, request: Request, owner: str = Query(), path: str = Query()) -> Response:
+        data = await request.body()
+        files = _files(await run_in_threadpool(manager.get, session_id, owner))
+        await run_in_threadpool(files.write, path, data)
+        return Response(status_code=204)
+
+    return app
+
+
+class _Unauthorized(Exception):
+    def __str__(self) -> str:
+        return "missing or wrong API key (Authorization: Bearer <SANDBOX_API_KEY>)"
+
+
+def _handler(status: int, code: str):  # type: ignore[no-untyped-def]
+    async def handle(request: Request, exc: Exception) -> JSONResponse:
+        detail = str(exc.args[0]) if exc.args else str(exc)
+        return JSONResponse({"error": code, "detail": detail}, status_code=status)
+
+    return handle
+
+
+def _files(session: Session) -> Files:
+    if session.user is None:
+        raise UnsupportedAction("file functions need isolated sessions (SANDBOX_ISOLATE=1, as root)")
+    return Files(session.user)
+
+
+def build_app() -> FastAPI:
+    """The app as configured by the environment (for `uvicorn --factory sandbox.service:build_app`)."""
+    config = ServiceConfig.from_env()
+    store = LeaseStore(redis.Redis.from_url(config.redis_url), capacity=config.capacity, namespace=config.namespace)
+    manager = SessionManager(store, config.sessions_root, isolate=config.isolate, warm=config.warm)
+    return create_app(manager, config.api_key)
+
+
+if __name__ == "__main__":
+    import uvicorn
+
+    uvicorn.run(
+        "sandbox.service:build_app",
+        factory=True,
+        host=os.environ.get("SANDBOX_HOST", "127.0.0.1"),
+        port=int(os.environ.get("SANDBOX_PORT", "8010")),
+        workers=1,  # desktops are processes of the one manager that started them
+    )

@@ -1,0 +1,98 @@
+"""The sandbox service as its own process (uvicorn) driven through the Python client, errors included."""
+
+import io
+import subprocess
+import sys
+import uuid
+
+import pytest
+import redis
+from django.conf import settings
+from PIL import Image
+
+from sandbox.client import ActionError, NoCapacityError, SandboxClient, SandboxError, SessionGoneError
+from sandbox.desktop import available
+from sandbox.isolation import isolation_available
+
+from ..servers import answers, free_port, running, subprocess_env
+
+pytestmark = pytest.mark.skipif(
+    not (available() and isolation_available()), reason="needs root, X (Xvfb, openbox, x11vnc) and bubblewrap"
+)
+API_KEY = "test-key-" + uuid.uuid4().hex
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    port, namespace = free_port(), f"test-{uuid.uuid4().hex}"
+    env = subprocess_env(
+        SANDBOX_API_KEY=API_KEY, SANDBOX_REDIS_URL=f"{settings.REDIS_URL}/12", SANDBOX_CAPACITY="2",
+        SANDBOX_WARM="1", SANDBOX_ROOT=str(tmp_path_factory.mktemp("sessions")), SANDBOX_NAMESPACE=namespace,
+        SANDBOX_ISOLATE="1", SANDBOX_PORT=str(port),
+    )  # fmt: skip
+    log = tmp_path_factory.mktemp("logs") / "service.log"
+    with running([sys.executable, "-m", "sandbox.service"], env, log, answers(f"http://127.0.0.1:{port}/docs")):
+        yield f"http://127.0.0.1:{port}"
+    client = redis.Redis.from_url(f"{settings.REDIS_URL}/12")
+    for key in client.scan_iter(f"{namespace}:*"):
+        client.delete(key)
+
+
+@pytest.fixture
+def client(service):
+    client = SandboxClient(service, API_KEY, owner=f"test:{uuid.uuid4().hex[:6]}")
+    yield client
+    client.close()
+
+
+def test_allocate_step_observe_shell_files_release(client):
+    session = client.allocate(ttl_s=60)
+    sid = session["session_id"]
+    assert (session["model_width"], session["model_height"]) == (1288, 812)
+    result = client.step(sid, "click(start_box='(644,406)')\n\nscroll(direction='down')")
+    assert result.results == ["ok", "ok"] and result.actions[0] == {"type": "click", "point": [644, 406]}
+    assert Image.open(io.BytesIO(result.observation_jpeg)).size == (1288, 812)
+    assert Image.open(io.BytesIO(client.observe(sid, fmt="png", size="screen"))).size == (1280, 800)
+    client.write_file(sid, "in/data.txt", "ünïcode".encode())
+    shell = client.shell(sid, "cat in/data.txt; echo; id -un")
+    assert shell["stdout"].split("\n")[0] == "ünïcode" and shell["stdout"].split()[1] == f"sbx-{sid}"
+    assert [f["name"] for f in client.list_files(sid, "in")] == ["data.txt"]
+    assert client.read_file(sid, "in/data.txt") == "ünïcode".encode()
+    client.renew(sid, ttl_s=120)
+    client.release(sid)
+    with pytest.raises(SessionGoneError):
+        client.step(sid, "wait()")
+
+
+def test_errors_are_typed_and_clear(service, client):
+    sid = client.allocate(ttl_s=60)["session_id"]
+    try:
+        with pytest.raises(ActionError, match="line 3, column 1: unknown action 'clik'"):
+            client.step(sid, "click(start_box='(1,1)')\n\nclik()")
+        with pytest.raises(ActionError, match="navigate is not a desktop action"):
+            client.step(sid, "navigate(content='https://example.org')")
+        with pytest.raises(SandboxError, match="path_outside_session"):
+            client.read_file(sid, "../../etc/passwd")
+        other = SandboxClient(service, API_KEY, owner="someone-else")
+        with pytest.raises(SandboxError, match="not_owner"):
+            other.step(sid, "wait()")
+        second = other.allocate(ttl_s=60)["session_id"]
+        with pytest.raises(NoCapacityError, match="all 2 sessions are leased"):
+            other.allocate(ttl_s=60)
+        other.release(second)
+        wrong_key = SandboxClient(service, "not-the-key", owner="x")
+        with pytest.raises(SandboxError, match="unauthorized"):
+            wrong_key.allocate()
+    finally:
+        client.release(sid)
+
+
+def test_a_killed_x_server_loses_the_session(client):
+    session = client.allocate(ttl_s=60)
+    sid = session["session_id"]
+    uid = int(subprocess.run(["id", "-u", f"sbx-{sid}"], capture_output=True, text=True).stdout)
+    subprocess.run(["pkill", "-KILL", "-u", str(uid), "Xvfb"], capture_output=True)
+    with pytest.raises(SessionGoneError, match="session_lost"):
+        client.step(sid, "wait()")
+    with pytest.raises(SessionGoneError):
+        client.release(sid)
