@@ -77,6 +77,11 @@ class SandboxClient:
     def release(self, session_id: str) -> None:
         self._call("DELETE", f"/sessions/{session_id}", params={"owner": self.owner})
 
+    def vnc_token(self, session_id: str, user: str, ttl_s: float = 3600) -> str:
+        """A websockify token for `user` to watch the session; it stops working when the lease ends."""
+        body = {"owner": self.owner, "user": user, "ttl_s": ttl_s}
+        return self._call("POST", f"/sessions/{session_id}/vnc-token", json=body).json()["token"]
+
     def step(
         self, session_id: str, action_text: str, *, coordinates: str = "model", observe: bool = True
     ) -> StepResult:

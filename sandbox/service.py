@@ -29,6 +29,7 @@ from .isolation import isolation_available
 from .leases import LeaseExpired, LeaseNotFound, LeaseStore, NoCapacity, NotLeaseOwner
 from .manager import Session, SessionLost, SessionManager
 from .sdk import Files, PathOutsideSession, run_shell
+from .vnc import mint_token, revoke_tokens
 
 ERRORS: list[tuple[type[Exception], int, str]] = [
     (NoCapacity, 503, "no_capacity"),
@@ -106,6 +107,16 @@ class StepResponse(BaseModel):
     elapsed_ms: float
 
 
+class VncTokenRequest(BaseModel):
+    owner: str
+    user: str = Field(min_length=1, max_length=200, description="The person who will watch, e.g. user:42.")
+    ttl_s: float = Field(default=3600, gt=0, le=86400)
+
+
+class VncTokenResponse(BaseModel):
+    token: str = Field(description="Connect noVNC to ws(s)://<websockify>/?token=<token>; dies with the lease.")
+
+
 class ShellRequest(BaseModel):
     owner: str
     command: str = Field(min_length=1, max_length=100_000)
@@ -170,7 +181,15 @@ def create_app(manager: SessionManager, api_key: str, *, reclaim_every_s: float 
     @app.delete("/sessions/{session_id}", dependencies=auth, status_code=204)
     def release(session_id: str, owner: str = Query()) -> Response:
         manager.release(session_id, owner)
+        revoke_tokens(manager.leases, session_id)
         return Response(status_code=204)
+
+    @app.post("/sessions/{session_id}/vnc-token", dependencies=auth, status_code=201)
+    def vnc_token(session_id: str, body: VncTokenRequest) -> VncTokenResponse:
+        session = manager.get(session_id, body.owner)
+        return VncTokenResponse(
+            token=mint_token(manager.leases, session_id, body.owner, body.user, session.desktop.vnc_socket, body.ttl_s)
+        )
 
     @app.post("/sessions/{session_id}/step", dependencies=auth)
     def step(session_id: str, body: StepRequest) -> StepResponse:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -62,11 +63,14 @@ def running(command: list[str], env: dict[str, str], log: Path, ready: Callable[
                 time.sleep(0.2)
             yield
         finally:
-            proc.terminate()
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)  # the whole group: forked handlers too (websockify, gunicorn)
+            except ProcessLookupError:
+                pass
             try:
                 proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, 9)
+                os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
 
 

@@ -59,6 +59,7 @@ def test_allocate_step_observe_shell_files_release(client):
     assert [f["name"] for f in client.list_files(sid, "in")] == ["data.txt"]
     assert client.read_file(sid, "in/data.txt") == "ünïcode".encode()
     client.renew(sid, ttl_s=120)
+    assert len(client.vnc_token(sid, user="user:7")) >= 40
     client.release(sid)
     with pytest.raises(SessionGoneError):
         client.step(sid, "wait()")

@@ -1,0 +1,74 @@
+"""VNC through the real websockify process: a token per lease and user, Origin checked, dead with the lease."""
+
+import subprocess
+import uuid
+
+import pytest
+import redis
+from django.conf import settings
+from websockets.exceptions import InvalidHandshake, InvalidStatus
+from websockets.sync.client import connect
+
+from sandbox.desktop import Desktop, available
+from sandbox.leases import LeaseStore
+from sandbox.vnc import mint_token, revoke_tokens, websockify_command
+
+from ..servers import free_port, running, subprocess_env
+from ..waiting import wait_for
+
+pytestmark = pytest.mark.skipif(not available(), reason="needs Xvfb, openbox and x11vnc")
+ORIGIN = "http://127.0.0.1:8000"
+
+
+@pytest.fixture
+def bridge(tmp_path):
+    """websockify (as supervised in production) + one leased desktop; yields (url, store, session id, socket)."""
+    client = redis.Redis.from_url(f"{settings.REDIS_URL}/12")
+    namespace = f"test-{uuid.uuid4().hex}"
+    store = LeaseStore(client, capacity=4, namespace=namespace)
+    port = free_port()
+    command = websockify_command(f"127.0.0.1:{port}", f"{settings.REDIS_URL}/12", namespace, [ORIGIN])
+    desktop = Desktop.start(tmp_path / "home")
+    lease = store.acquire("annotation-app", ttl_s=60, session_id="s" + uuid.uuid4().hex[:8])
+    try:
+        assert wait_for(desktop.vnc_socket.exists)
+        with running(command, subprocess_env(), tmp_path / "websockify.log", lambda: _listening(port)):
+            yield f"ws://127.0.0.1:{port}/", store, lease.session_id, desktop.vnc_socket
+    finally:
+        desktop.stop()
+        for key in client.scan_iter(f"{namespace}:*"):
+            client.delete(key)
+
+
+def _listening(port: int) -> bool:
+    """Whether something listens on the port, asked of the kernel: a probe connection would leave websockify a
+    forked handler waiting forever for a handshake."""
+    result = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True)
+    return bool(result.stdout.strip())
+
+
+def _rfb_banner(url: str, origin: str) -> bytes:
+    """The first bytes the VNC server sends through the bridge, as a browser at `origin` would receive them."""
+    with connect(url, origin=origin, subprotocols=["binary"], open_timeout=10) as ws:
+        return ws.recv(timeout=10)
+
+
+def test_a_token_opens_its_session_until_the_lease_ends(bridge):
+    url, store, session_id, socket_path = bridge
+    token = mint_token(store, session_id, "annotation-app", "user:7", socket_path, ttl_s=30)
+    assert len(token) >= 40
+    assert _rfb_banner(f"{url}?token={token}", ORIGIN).startswith(b"RFB ")
+    with pytest.raises(InvalidStatus, match="403"):  # another site's page
+        _rfb_banner(f"{url}?token={token}", "http://evil.example")
+    with pytest.raises(InvalidHandshake):  # websockify hangs up on unknown tokens
+        _rfb_banner(f"{url}?token=not-a-token", ORIGIN)
+    store.release(session_id, "annotation-app")
+    with pytest.raises(InvalidHandshake):  # the lease ended: the same token is dead
+        _rfb_banner(f"{url}?token={token}", ORIGIN)
+    assert revoke_tokens(store, session_id) == 1
+
+
+def test_only_the_lease_holder_mints_tokens(bridge):
+    _, store, session_id, socket_path = bridge
+    with pytest.raises(PermissionError):
+        mint_token(store, session_id, "someone-else", "user:8", socket_path, ttl_s=30)
