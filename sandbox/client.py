@@ -96,6 +96,16 @@ class SandboxClient:
         params = {"owner": self.owner, "fmt": fmt, "size": size}
         return self._call("GET", f"/sessions/{session_id}/observation", params=params).content
 
+    def setup(self, session_id: str, config: list[dict[str, Any]]) -> list[str]:
+        """Run an OSWorld task's `config` steps in the session."""
+        body = {"owner": self.owner, "config": config}
+        return self._call("POST", f"/sessions/{session_id}/setup", json=body).json()["done"]
+
+    def evaluate(self, session_id: str, evaluator: dict[str, Any]) -> float:
+        """Score the session against an OSWorld `evaluator`: 1.0 or 0.0."""
+        body = {"owner": self.owner, "evaluator": evaluator}
+        return self._call("POST", f"/sessions/{session_id}/evaluate", json=body).json()["score"]
+
     def shell(self, session_id: str, command: str, timeout_s: float = 30) -> dict[str, Any]:
         body = {"owner": self.owner, "command": command, "timeout_s": timeout_s}
         return self._call("POST", f"/sessions/{session_id}/shell", json=body).json()

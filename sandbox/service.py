@@ -28,6 +28,7 @@ from .desktop import DesktopError, UnsupportedAction
 from .isolation import isolation_available
 from .leases import LeaseExpired, LeaseNotFound, LeaseStore, NoCapacity, NotLeaseOwner
 from .manager import Session, SessionLost, SessionManager
+from .osworld import TaskConfigError, evaluate, run_setup
 from .sdk import Files, PathOutsideSession, run_shell
 from .vnc import mint_token, revoke_tokens
 
@@ -43,6 +44,7 @@ ERRORS: list[tuple[type[Exception], int, str]] = [
     (PathOutsideSession, 400, "path_outside_session"),
     (FileNotFoundError, 404, "file_not_found"),
     (NotADirectoryError, 400, "not_a_directory"),
+    (TaskConfigError, 400, "task_config"),
 ]
 
 
@@ -115,6 +117,16 @@ class VncTokenRequest(BaseModel):
 
 class VncTokenResponse(BaseModel):
     token: str = Field(description="Connect noVNC to ws(s)://<websockify>/?token=<token>; dies with the lease.")
+
+
+class SetupRequest(BaseModel):
+    owner: str
+    config: list[dict] = Field(description="OSWorld `config`: [{type, parameters}].")
+
+
+class EvaluateRequest(BaseModel):
+    owner: str
+    evaluator: dict = Field(description="OSWorld `evaluator`: {func, result, expected, conj}.")
 
 
 class ShellRequest(BaseModel):
@@ -219,6 +231,18 @@ def create_app(manager: SessionManager, api_key: str, *, reclaim_every_s: float 
         with manager.driving(session) as desktop:
             image = desktop.screenshot(dimensions, fmt=fmt)
         return Response(image, media_type=f"image/{fmt}")
+
+    @app.post("/sessions/{session_id}/setup", dependencies=auth)
+    def setup(session_id: str, body: SetupRequest) -> dict[str, list[str]]:
+        session = manager.get(session_id, body.owner)
+        with manager.driving(session):
+            return {"done": run_setup(session, body.config)}
+
+    @app.post("/sessions/{session_id}/evaluate", dependencies=auth)
+    def evaluate_task(session_id: str, body: EvaluateRequest) -> dict[str, float]:
+        session = manager.get(session_id, body.owner)
+        with manager.driving(session):
+            return {"score": evaluate(session, body.evaluator)}
 
     @app.post("/sessions/{session_id}/shell", dependencies=auth)
     def shell(session_id: str, body: ShellRequest) -> ShellResponse:

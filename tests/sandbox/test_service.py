@@ -58,6 +58,15 @@ def test_allocate_step_observe_shell_files_release(client):
     assert shell["stdout"].split("\n")[0] == "ünïcode" and shell["stdout"].split()[1] == f"sbx-{sid}"
     assert [f["name"] for f in client.list_files(sid, "in")] == ["data.txt"]
     assert client.read_file(sid, "in/data.txt") == "ünïcode".encode()
+    assert client.setup(sid, [{"type": "execute", "parameters": {"command": "echo done > flag", "shell": True}}])
+    flag = {
+        "func": "exact_match",
+        "result": {"type": "vm_file", "path": "flag"},
+        "expected": {"type": "rule", "rules": {"expected": "done"}},
+    }
+    assert client.evaluate(sid, flag) == 1.0
+    with pytest.raises(SandboxError, match="task_config: config\\[0\\]: unknown setup type 'warp'"):
+        client.setup(sid, [{"type": "warp"}])
     client.renew(sid, ttl_s=120)
     assert len(client.vnc_token(sid, user="user:7")) >= 40
     client.release(sid)

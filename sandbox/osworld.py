@@ -1,0 +1,185 @@
+"""OSWorld-style task setup and evaluation on a sandbox session (desktop_env's JSON format).
+
+Setup: `config` is a list of {type, parameters}; evaluation: `evaluator` is {func, result, expected, options,
+conj}, where each result/expected is a getter spec ({type, ...}) and func names a metric. Several funcs combine
+with conj "and" (default) or "or". Unknown types and missing parameters raise TaskConfigError naming them.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .manager import Session
+from .sdk import Files, run_shell
+
+
+class TaskConfigError(ValueError):
+    """The task's setup or evaluator can't be run as written; the message says which entry and why."""
+
+
+def _param(parameters: dict[str, Any], name: str, where: str) -> Any:
+    if name not in parameters:
+        raise TaskConfigError(f"{where}: missing parameter {name!r}")
+    return parameters[name]
+
+
+def _argv(command: Any, shell: bool) -> str:
+    """A shell command line from OSWorld's `command` (a list of arguments, or a string with shell=True)."""
+    if isinstance(command, list) and all(isinstance(c, str) for c in command):
+        return " ".join(shlex.quote(c) for c in command)
+    if isinstance(command, str):
+        return command if shell else shlex.join(shlex.split(command))
+    raise TaskConfigError(f"command must be a list of strings or a string, got {type(command).__name__}")
+
+
+# --- setup -----------------------------------------------------------------------------------------------------------
+
+
+def _setup_launch(session: Session, p: dict[str, Any], where: str) -> str:
+    command = _param(p, "command", where)
+    argv = ["bash", "-c", _argv(command, p.get("shell", False))]
+    session.desktop.launch(argv)
+    return f"launched {command}"
+
+
+def _setup_execute(session: Session, p: dict[str, Any], where: str) -> str:
+    if session.user is None:
+        raise TaskConfigError(f"{where}: execute needs an isolated session")
+    result = run_shell(
+        session.user, _argv(_param(p, "command", where), p.get("shell", False)), timeout_s=p.get("timeout", 120)
+    )
+    if result.timed_out or (result.exit_code != 0 and not p.get("ignore_errors", False)):
+        raise TaskConfigError(f"{where}: command failed ({result.exit_code}): {result.stderr.strip()[:300]}")
+    return f"executed ({result.exit_code})"
+
+
+def _setup_sleep(session: Session, p: dict[str, Any], where: str) -> str:
+    seconds = float(_param(p, "seconds", where))
+    if not 0 <= seconds <= 600:
+        raise TaskConfigError(f"{where}: seconds must be between 0 and 600")
+    time.sleep(seconds)
+    return f"slept {seconds}s"
+
+
+def _setup_upload(session: Session, p: dict[str, Any], where: str) -> str:
+    """OSWorld's upload_file / download: put files from the service host (`local_path`) at `path` in the session."""
+    if session.user is None:
+        raise TaskConfigError(f"{where}: file upload needs an isolated session")
+    files = Files(session.user)
+    for entry in _param(p, "files", where):
+        source = Path(_param(entry, "local_path", where))
+        if not source.is_file():
+            raise TaskConfigError(f"{where}: no local file {source}")
+        files.write(_param(entry, "path", where), source.read_bytes())
+    return f"uploaded {len(p['files'])} file(s)"
+
+
+def _setup_open(session: Session, p: dict[str, Any], where: str) -> str:
+    path = _param(p, "path", where)
+    session.desktop.launch(["xdg-open", path])
+    return f"opened {path}"
+
+
+SETUP: dict[str, Callable[[Session, dict[str, Any], str], str]] = {
+    "launch": _setup_launch,
+    "execute": _setup_execute,
+    "command": _setup_execute,
+    "sleep": _setup_sleep,
+    "upload_file": _setup_upload,
+    "open": _setup_open,
+}
+
+
+def run_setup(session: Session, config: list[dict[str, Any]]) -> list[str]:
+    """Run every setup step in order; returns what each did. All steps are checked before the first runs."""
+    for i, step in enumerate(config):
+        if not isinstance(step, dict) or step.get("type") not in SETUP:
+            kind = step.get("type") if isinstance(step, dict) else step
+            raise TaskConfigError(f"config[{i}]: unknown setup type {kind!r}; known: {', '.join(sorted(SETUP))}")
+    return [
+        SETUP[step["type"]](session, step.get("parameters", {}), f"config[{i}] ({step['type']})")
+        for i, step in enumerate(config)
+    ]
+
+
+# --- evaluation ------------------------------------------------------------------------------------------------------
+
+
+def _get_command_output(session: Session, spec: dict[str, Any], where: str) -> str:
+    if session.user is None:
+        raise TaskConfigError(f"{where}: vm_command_line needs an isolated session")
+    command = _argv(_param(spec, "command", where), spec.get("shell", False))
+    return run_shell(session.user, command, timeout_s=spec.get("timeout", 60)).stdout
+
+
+def _get_file(session: Session, spec: dict[str, Any], where: str) -> str | None:
+    if session.user is None:
+        raise TaskConfigError(f"{where}: vm_file needs an isolated session")
+    try:
+        return Files(session.user).read(_param(spec, "path", where)).decode(errors="replace")
+    except FileNotFoundError:
+        return None
+
+
+GETTERS: dict[str, Callable[[Session, dict[str, Any], str], Any]] = {
+    "vm_command_line": _get_command_output,
+    "vm_file": _get_file,
+    "rule": lambda session, spec, where: _param(spec, "rules", where),
+}
+
+
+def _expected(rules: Any, key: str = "expected") -> Any:
+    return rules.get(key) if isinstance(rules, dict) else rules
+
+
+METRICS: dict[str, Callable[..., float]] = {
+    "exact_match": lambda result, rules, **_: float(
+        result is not None and str(result).strip() == str(_expected(rules)).strip()
+    ),
+    "check_include_exclude": lambda result, rules, **_: float(
+        result is not None
+        and all(s in result for s in rules.get("include", []))
+        and not any(s in result for s in rules.get("exclude", []))
+    ),
+    "match_in_list": lambda result, rules, **_: float(result is not None and str(result).strip() in _expected(rules)),
+    "is_in_list": lambda result, rules, **_: float(result is not None and _expected(rules) in result),
+    "file_exists": lambda result, rules=None, **_: float(result is not None),
+    "compare_text_file": lambda result, expected, **_: float(result is not None and result == expected),
+}
+
+
+def evaluate(session: Session, evaluator: dict[str, Any]) -> float:
+    """Score the session's state against the evaluator: 1.0 or 0.0 (conj "and" / "or" over several funcs)."""
+    funcs = evaluator.get("func")
+    if funcs is None:
+        raise TaskConfigError("evaluator: missing 'func'")
+    several = isinstance(funcs, list)
+    funcs = funcs if several else [funcs]
+    results = evaluator.get("result", [{}] * len(funcs))
+    expecteds = evaluator.get("expected", [None] * len(funcs))
+    results, expecteds = (results, expecteds) if several else ([results], [expecteds])
+    if len(results) != len(funcs) or len(expecteds) != len(funcs):
+        raise TaskConfigError("evaluator: func, result and expected must have the same length")
+    conj = evaluator.get("conj", "and")
+    if conj not in ("and", "or"):
+        raise TaskConfigError(f"evaluator: conj must be 'and' or 'or', got {conj!r}")
+    scores = []
+    for i, (func, result_spec, expected_spec) in enumerate(zip(funcs, results, expecteds, strict=True)):
+        where = f"evaluator[{i}] ({func})"
+        if func not in METRICS:
+            raise TaskConfigError(f"{where}: unknown metric; known: {', '.join(sorted(METRICS))}")
+        result = _get(session, result_spec, f"{where} result")
+        expected = _get(session, expected_spec, f"{where} expected") if expected_spec else None
+        scores.append(METRICS[func](result, expected))
+    return float(all(s == 1.0 for s in scores) if conj == "and" else any(s == 1.0 for s in scores))
+
+
+def _get(session: Session, spec: dict[str, Any], where: str) -> Any:
+    kind = spec.get("type") if isinstance(spec, dict) else None
+    if kind not in GETTERS:
+        raise TaskConfigError(f"{where}: unknown getter type {kind!r}; known: {', '.join(sorted(GETTERS))}")
+    return GETTERS[kind](session, spec, where)
