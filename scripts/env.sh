@@ -19,6 +19,13 @@ export WS_PORT="${WS_PORT:-8001}"
 # Pages open their websocket on this port of the same host; leave it empty behind a proxy that routes /ws/.
 export WS_PUBLIC_PORT="${WS_PUBLIC_PORT-$WS_PORT}"
 export WEB_WORKERS="${WEB_WORKERS:-4}"
+# The sandbox service (desktops for live annotation and rollouts) and the websockify bridge to their VNC.
+export SANDBOX_PORT="${SANDBOX_PORT:-8010}"
+export SANDBOX_URL="${SANDBOX_URL:-http://127.0.0.1:$SANDBOX_PORT}"
+export SANDBOX_REDIS_URL="${SANDBOX_REDIS_URL:-$REDIS_URL/3}"
+export SANDBOX_NAMESPACE="${SANDBOX_NAMESPACE:-sandbox}"
+export SANDBOX_WARM="${SANDBOX_WARM:-0}"
+export VNC_PORT="${VNC_PORT:-6080}"
 export WEB_THREADS="${WEB_THREADS:-2}"
 export PATH="$VENV/bin:$PATH"
 
