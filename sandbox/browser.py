@@ -1,0 +1,180 @@
+"""Browser sandboxes for web tasks and HTML5 games: Chromium over CDP (Playwright, Debian's /usr/bin/chromium).
+
+Actions and screenshots go through the same grammar as desktops; JavaScript verifier snippets read page state
+(a score, a level, a DOM value) for rewards. Playwright's sync API belongs to the thread that started it, so each
+browser session owns one worker thread and every call runs there: callers may come from any thread.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from PIL import Image
+
+from .actions import (
+    Action,
+    CallUser,
+    Click,
+    Drag,
+    Finished,
+    Hotkey,
+    LeftDouble,
+    Navigate,
+    NavigateBack,
+    Press,
+    Release,
+    RightSingle,
+    Scroll,
+    Type,
+    Wait,
+)
+from .coordinates import ScreenMapping
+from .desktop import UnsupportedAction
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+# UI-TARS key names -> Playwright key names.
+KEYS = {
+    "ctrl": "Control", "control": "Control", "alt": "Alt", "shift": "Shift", "cmd": "Meta", "meta": "Meta",
+    "super": "Meta", "win": "Meta", "enter": "Enter", "return": "Enter", "esc": "Escape", "escape": "Escape",
+    "backspace": "Backspace", "tab": "Tab", "space": " ", "delete": "Delete", "del": "Delete", "up": "ArrowUp",
+    "down": "ArrowDown", "left": "ArrowLeft", "right": "ArrowRight", "pageup": "PageUp", "pagedown": "PageDown",
+    "home": "Home", "end": "End", "insert": "Insert",
+}  # fmt: skip
+SCROLL_PIXELS = 300
+T = TypeVar("T")
+
+
+def _key(name: str) -> str:
+    if name in KEYS:
+        return KEYS[name]
+    if len(name) > 1 and name[0] == "f" and name[1:].isdigit():
+        return name.upper()
+    return name
+
+
+class BrowserSession:
+    """One Chromium with one page per session; `close()` ends the browser and its thread."""
+
+    def __init__(self, profile_dir: Path, width: int = 1280, height: int = 800, *, headless: bool = True) -> None:
+        self.width, self.height = width, height
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="browser")
+        self._call(lambda: self._start(profile_dir, headless))
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        return self._thread.submit(fn).result()
+
+    def _start(self, profile_dir: Path, headless: bool) -> None:
+        from playwright.sync_api import sync_playwright
+
+        self._playwright = sync_playwright().start()
+        self.context = self._playwright.chromium.launch_persistent_context(
+            str(profile_dir), executable_path=CHROMIUM, headless=headless, args=CHROMIUM_ARGS,
+            viewport={"width": self.width, "height": self.height}, accept_downloads=True,
+        )  # fmt: skip
+        self.page = self.context.pages[0] if self.context.pages else self.context.new_page()
+
+    # --- pages ----------------------------------------------------------------------------------------------------
+
+    def new_page(self, url: str | None = None) -> None:
+        """Open a fresh page (closing the current one) and make it the one actions go to."""
+
+        def run() -> None:
+            old, self.page = self.page, self.context.new_page()
+            old.close()
+            if url:
+                self.page.goto(url)
+
+        self._call(run)
+
+    @property
+    def url(self) -> str:
+        return self._call(lambda: self.page.url)
+
+    def wait_for_url(self, pattern: str, timeout_s: float = 10.0) -> None:
+        """Wait until the page is at a URL matching `pattern` (a glob, e.g. "**/next.html") and loaded."""
+        self._call(lambda: self.page.wait_for_url(pattern, timeout=timeout_s * 1000))
+
+    def evaluate(self, script: str) -> Any:
+        """Run a JavaScript verifier snippet in the page and return its (JSON-able) value, e.g. `window.score`."""
+        return self._call(lambda: self.page.evaluate(script))
+
+    def screenshot(self, size: tuple[int, int] | None = None, fmt: str = "jpeg", quality: int = 80) -> bytes:
+        """The page as JPEG or PNG; resized to `size` (width, height) when it differs from the viewport."""
+        kwargs: dict[str, Any] = {"type": fmt} | ({"quality": quality} if fmt == "jpeg" else {})
+        data = self._call(lambda: self.page.screenshot(**kwargs))
+        if size and size != (self.width, self.height):
+            image = Image.open(io.BytesIO(data)).convert("RGB").resize(size, Image.Resampling.BILINEAR)
+            out = io.BytesIO()
+            image.save(out, "JPEG" if fmt == "jpeg" else "PNG")
+            data = out.getvalue()
+        return data
+
+    # --- actions --------------------------------------------------------------------------------------------------
+
+    def execute(self, action: Action, mapping: ScreenMapping | None = None) -> str:
+        """Run one action on the page; model coordinates go through `mapping` (default: viewport pixels)."""
+        at = (lambda p: mapping.to_screen(p.x, p.y)) if mapping else (lambda p: (round(p.x), round(p.y)))
+        return self._call(lambda: self._execute(action, at))
+
+    def _execute(self, action: Action, at: Callable) -> str:  # type: ignore[type-arg]
+        page, mouse, keyboard = self.page, self.page.mouse, self.page.keyboard
+        match action:
+            case Click(point):
+                mouse.click(*at(point))
+            case LeftDouble(point):
+                mouse.dblclick(*at(point))
+            case RightSingle(point):
+                mouse.click(*at(point), button="right")
+            case Drag(start, end):
+                mouse.move(*at(start))
+                mouse.down()
+                mouse.move(*at(end), steps=10)
+                mouse.up()
+            case Hotkey(keys):
+                keyboard.press("+".join(_key(k) for k in keys))
+            case Press(key):
+                keyboard.down(_key(key))
+            case Release(key):
+                keyboard.up(_key(key))
+            case Type(content):
+                for i, part in enumerate(content.split("\n")):
+                    if i:
+                        keyboard.press("Enter")
+                    if part:
+                        keyboard.insert_text(part)
+            case Scroll(direction, point):
+                if point is not None:
+                    mouse.move(*at(point))
+                dx = {"left": -SCROLL_PIXELS, "right": SCROLL_PIXELS}.get(direction, 0)
+                dy = {"up": -SCROLL_PIXELS, "down": SCROLL_PIXELS}.get(direction, 0)
+                mouse.wheel(dx, dy)
+            case Navigate(url):
+                page.goto(url)
+            case NavigateBack():
+                page.go_back()
+            case Wait():
+                time.sleep(1.0)
+            case Finished() | CallUser():
+                return action.name
+            case _:
+                raise UnsupportedAction(f"{action.name} is not a browser action")
+        return "ok"
+
+    def close(self) -> None:
+        def run() -> None:
+            self.context.close()
+            self._playwright.stop()
+
+        try:
+            self._call(run)
+        finally:
+            self._thread.shutdown(wait=True)
