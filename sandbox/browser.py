@@ -81,6 +81,11 @@ class BrowserSession:
             viewport={"width": self.width, "height": self.height}, accept_downloads=True,
         )  # fmt: skip
         self.page = self.context.pages[0] if self.context.pages else self.context.new_page()
+        self.closed = False
+        self.context.on("close", lambda _: setattr(self, "closed", True))  # Chromium exited or crashed
+
+    def is_alive(self) -> bool:
+        return not getattr(self, "closed", True)
 
     # --- pages ----------------------------------------------------------------------------------------------------
 
@@ -171,7 +176,8 @@ class BrowserSession:
 
     def close(self) -> None:
         def run() -> None:
-            self.context.close()
+            if not self.closed:
+                self.context.close()
             self._playwright.stop()
 
         try:

@@ -68,8 +68,15 @@ class SandboxClient:
             raise _TYPES.get(code, SandboxError)(code, response.status_code, detail)
         return response
 
-    def allocate(self, ttl_s: float = 300) -> dict[str, Any]:
-        return self._call("POST", "/sessions", json={"owner": self.owner, "ttl_s": ttl_s}).json()
+    def allocate(self, ttl_s: float = 300, kind: str = "desktop") -> dict[str, Any]:
+        """Lease a session: a virtual desktop, or (`kind="browser"`) one Chromium page."""
+        return self._call("POST", "/sessions", json={"owner": self.owner, "ttl_s": ttl_s, "kind": kind}).json()
+
+    def verify(self, session_id: str, script: str) -> Any:
+        """Value of a JavaScript verifier snippet in a browser session's page."""
+        return self._call(
+            "POST", f"/sessions/{session_id}/verify", json={"owner": self.owner, "script": script}
+        ).json()["value"]
 
     def renew(self, session_id: str, ttl_s: float | None = None) -> dict[str, Any]:
         return self._call("POST", f"/sessions/{session_id}/renew", json={"owner": self.owner, "ttl_s": ttl_s}).json()

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .browser import BrowserSession
 from .coordinates import ScreenMapping
 from .desktop import Desktop, DesktopError
 from .isolation import SessionUser, create_session_user, delete_session_user
@@ -31,16 +32,31 @@ class SessionLost(Exception):
 @dataclass
 class Session:
     session_id: str
-    desktop: Desktop
+    desktop: Desktop | None
     user: SessionUser | None
     owner: str = ""
+    browser: BrowserSession | None = None
     created: float = field(default_factory=time.time)
     # One caller at a time drives the desktop: its X connection is not thread-safe.
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
+    def kind(self) -> str:
+        return "browser" if self.browser is not None else "desktop"
+
+    @property
+    def screen(self) -> Desktop | BrowserSession:
+        """What actions and screenshots go to: the desktop, or the browser page."""
+        screen = self.browser if self.browser is not None else self.desktop
+        assert screen is not None
+        return screen
+
+    @property
     def mapping(self) -> ScreenMapping:
-        return ScreenMapping(self.desktop.width, self.desktop.height)
+        return ScreenMapping(self.screen.width, self.screen.height)
+
+    def is_alive(self) -> bool:
+        return self.screen.is_alive()
 
 
 class SessionManager:
@@ -62,17 +78,19 @@ class SessionManager:
 
     # --- life of a session ------------------------------------------------------------------------------------------
 
-    def _start(self, session_id: str | None = None) -> Session:
+    def _start(self, session_id: str | None = None, kind: str = "desktop") -> Session:
         session_id = session_id or secrets.token_hex(8)
         user = create_session_user(session_id, self.root) if self.isolate else None
         home = user.home if user else self.root / session_id
         try:
-            desktop = Desktop.start(home, *self.size, user=user)
+            if kind == "browser":
+                home.mkdir(parents=True, exist_ok=True)
+                return Session(session_id, None, user, browser=BrowserSession(home / ".browser-profile", *self.size))
+            return Session(session_id, Desktop.start(home, *self.size, user=user), user)
         except BaseException:
             if user:
                 delete_session_user(user)
             raise
-        return Session(session_id, desktop, user)
 
     def fill_warm_pool(self) -> int:
         """Start desktops until `warm` are ready; returns how many were started."""
@@ -84,12 +102,13 @@ class SessionManager:
             started += 1
         return started
 
-    def allocate(self, owner: str, ttl_s: float) -> Session:
-        """Lease a session (NoCapacity when full): a warm desktop when one is ready, else a fresh one.
-
-        The lease comes first, so a refused caller costs no desktop."""
+    def allocate(self, owner: str, ttl_s: float, kind: str = "desktop") -> Session:
+        """Lease a session (NoCapacity when full): a warm desktop when one is ready, else a fresh one; or a
+        browser session (`kind="browser"`). The lease comes first, so a refused caller costs no desktop."""
+        if kind not in ("desktop", "browser"):
+            raise ValueError(f"unknown session kind {kind!r}; use 'desktop' or 'browser'")
         with self.lock:
-            session = self.pool.pop() if self.pool else None
+            session = self.pool.pop() if self.pool and kind == "desktop" else None
         session_id = session.session_id if session else secrets.token_hex(8)
         try:
             self.leases.acquire(owner, ttl_s, session_id=session_id)
@@ -99,10 +118,10 @@ class SessionManager:
                     self.pool.append(session)
             raise
         try:
-            if session is None or not session.desktop.is_alive():
+            if session is None or not session.is_alive():
                 if session is not None:
                     self._destroy(session)
-                session = self._start(session_id)
+                session = self._start(session_id, kind)
         except BaseException:
             self.leases.release(session_id, owner)
             raise
@@ -119,17 +138,17 @@ class SessionManager:
             raise LeaseNotFound(f"no session {session_id} on this host")
         if session.owner != owner:
             raise NotLeaseOwner(f"session {session_id} is leased by someone else")
-        if not session.desktop.is_alive():
+        if not session.is_alive():
             self._reclaim(session_id, "its desktop died")
             raise SessionLost(f"session {session_id} is lost: its desktop died; it has been reclaimed")
         return session
 
     @contextmanager
-    def driving(self, session: Session) -> Iterator[Desktop]:
-        """Exclusive use of a session's desktop; if it dies meanwhile, the session is reclaimed (SessionLost)."""
+    def driving(self, session: Session) -> Iterator[Desktop | BrowserSession]:
+        """Exclusive use of a session's screen; if it dies meanwhile, the session is reclaimed (SessionLost)."""
         with session.lock:
             try:
-                yield session.desktop
+                yield session.screen
             except DesktopError as exc:
                 self._reclaim(session.session_id, "its desktop died")
                 raise SessionLost(f"session {session.session_id} is lost: {exc}; it has been reclaimed") from exc
@@ -154,8 +173,8 @@ class SessionManager:
             if self._reclaim(session_id, "its lease expired", release_lease=False):
                 reclaimed.append((session_id, "its lease expired"))
         with self.lock:
-            dead = [s.session_id for s in self.sessions.values() if not s.desktop.is_alive()]
-            dead_warm = [s for s in self.pool if not s.desktop.is_alive()]
+            dead = [s.session_id for s in self.sessions.values() if not s.is_alive()]
+            dead_warm = [s for s in self.pool if not s.is_alive()]
             self.pool = [s for s in self.pool if s not in dead_warm]
         for session_id in dead:
             if self._reclaim(session_id, "its desktop died"):
@@ -180,7 +199,10 @@ class SessionManager:
         return True
 
     def _destroy(self, session: Session) -> None:
-        session.desktop.stop()
+        if session.browser is not None:
+            session.browser.close()
+        if session.desktop is not None:
+            session.desktop.stop()
         if session.user:
             delete_session_user(session.user)
 

@@ -39,10 +39,22 @@ def _argv(command: Any, shell: bool) -> str:
 # --- setup -----------------------------------------------------------------------------------------------------------
 
 
+def _desktop(session: Session, where: str) -> Any:
+    if session.desktop is None:
+        raise TaskConfigError(f"{where}: needs a desktop session")
+    return session.desktop
+
+
+def _browser(session: Session, where: str) -> Any:
+    if session.browser is None:
+        raise TaskConfigError(f"{where}: needs a browser session")
+    return session.browser
+
+
 def _setup_launch(session: Session, p: dict[str, Any], where: str) -> str:
     command = _param(p, "command", where)
     argv = ["bash", "-c", _argv(command, p.get("shell", False))]
-    session.desktop.launch(argv)
+    _desktop(session, where).launch(argv)
     return f"launched {command}"
 
 
@@ -80,7 +92,7 @@ def _setup_upload(session: Session, p: dict[str, Any], where: str) -> str:
 
 def _setup_open(session: Session, p: dict[str, Any], where: str) -> str:
     path = _param(p, "path", where)
-    session.desktop.launch(["xdg-open", path])
+    _desktop(session, where).launch(["xdg-open", path])
     return f"opened {path}"
 
 
@@ -91,7 +103,16 @@ SETUP: dict[str, Callable[[Session, dict[str, Any], str], str]] = {
     "sleep": _setup_sleep,
     "upload_file": _setup_upload,
     "open": _setup_open,
+    "chrome_open_tabs": lambda session, p, where: _open_url(session, p, where),
 }
+
+
+def _open_url(session: Session, p: dict[str, Any], where: str) -> str:
+    urls = _param(p, "urls_to_open", where)
+    if not urls:
+        raise TaskConfigError(f"{where}: urls_to_open is empty")
+    _browser(session, where).new_page(urls[0])  # one page per session: the first URL
+    return f"opened {urls[0]}"
 
 
 def run_setup(session: Session, config: list[dict[str, Any]]) -> list[str]:
@@ -129,6 +150,8 @@ GETTERS: dict[str, Callable[[Session, dict[str, Any], str], Any]] = {
     "vm_command_line": _get_command_output,
     "vm_file": _get_file,
     "rule": lambda session, spec, where: _param(spec, "rules", where),
+    "active_url": lambda session, spec, where: _browser(session, where).url,
+    "js_value": lambda session, spec, where: _browser(session, where).evaluate(_param(spec, "script", where)),
 }
 
 

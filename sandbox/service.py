@@ -15,7 +15,7 @@ import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import redis
 from fastapi import Depends, FastAPI, Header, Query, Request
@@ -79,11 +79,13 @@ class ServiceConfig:
 class AllocateRequest(BaseModel):
     owner: str = Field(min_length=1, max_length=200, description="Who holds the session (e.g. user:42).")
     ttl_s: float = Field(default=300, gt=0, le=86400)
+    kind: Literal["desktop", "browser"] = Field(default="desktop", description="A virtual desktop, or one browser.")
 
 
 class SessionInfo(BaseModel):
     session_id: str
     owner: str
+    kind: str
     screen_width: int
     screen_height: int
     model_width: int = Field(description="Width of the image the model sees; its coordinates refer to it.")
@@ -127,6 +129,11 @@ class SetupRequest(BaseModel):
 class EvaluateRequest(BaseModel):
     owner: str
     evaluator: dict = Field(description="OSWorld `evaluator`: {func, result, expected, conj}.")
+
+
+class VerifyRequest(BaseModel):
+    owner: str
+    script: str = Field(min_length=1, max_length=100_000, description="e.g. `window.score` or `() => document.title`")
 
 
 class ShellRequest(BaseModel):
@@ -175,15 +182,15 @@ def create_app(manager: SessionManager, api_key: str, *, reclaim_every_s: float 
     def info(session: Session) -> SessionInfo:
         width, height = session.mapping.model_size
         return SessionInfo(
-            session_id=session.session_id, owner=session.owner, screen_width=session.desktop.width,
-            screen_height=session.desktop.height, model_width=width, model_height=height,
+            session_id=session.session_id, owner=session.owner, kind=session.kind, screen_width=session.screen.width,
+            screen_height=session.screen.height, model_width=width, model_height=height,
         )  # fmt: skip
 
     auth = [Depends(authorized)]
 
     @app.post("/sessions", dependencies=auth, status_code=201)
     def allocate(body: AllocateRequest) -> SessionInfo:
-        return info(manager.allocate(body.owner, body.ttl_s))
+        return info(manager.allocate(body.owner, body.ttl_s, body.kind))
 
     @app.post("/sessions/{session_id}/renew", dependencies=auth)
     def renew(session_id: str, body: RenewRequest) -> SessionInfo:
@@ -199,9 +206,20 @@ def create_app(manager: SessionManager, api_key: str, *, reclaim_every_s: float 
     @app.post("/sessions/{session_id}/vnc-token", dependencies=auth, status_code=201)
     def vnc_token(session_id: str, body: VncTokenRequest) -> VncTokenResponse:
         session = manager.get(session_id, body.owner)
+        if session.desktop is None:
+            raise UnsupportedAction("VNC is for desktop sessions; watch a browser session through its screenshots")
         return VncTokenResponse(
             token=mint_token(manager.leases, session_id, body.owner, body.user, session.desktop.vnc_socket, body.ttl_s)
         )
+
+    @app.post("/sessions/{session_id}/verify", dependencies=auth)
+    def verify(session_id: str, body: VerifyRequest) -> dict[str, Any]:
+        """Run a JavaScript verifier snippet in a browser session's page (a score, a level, a DOM value)."""
+        session = manager.get(session_id, body.owner)
+        if session.browser is None:
+            raise UnsupportedAction("JavaScript verifiers run in browser sessions")
+        with manager.driving(session):
+            return {"value": session.browser.evaluate(body.script)}
 
     @app.post("/sessions/{session_id}/step", dependencies=auth)
     def step(session_id: str, body: StepRequest) -> StepResponse:
@@ -210,10 +228,10 @@ def create_app(manager: SessionManager, api_key: str, *, reclaim_every_s: float 
         actions = parse_actions(body.action_text)
         mapping = session.mapping if body.coordinates == "model" else None
         observation = None
-        with manager.driving(session) as desktop:
-            results = [desktop.execute(action, mapping) for action in actions]
+        with manager.driving(session) as screen:
+            results = [screen.execute(action, mapping) for action in actions]
             if body.observe:
-                observation = base64.b64encode(desktop.screenshot(session.mapping.model_size)).decode()
+                observation = base64.b64encode(screen.screenshot(session.mapping.model_size)).decode()
         return StepResponse(
             results=results, actions=[action_to_dict(a) for a in actions], observation_jpeg_base64=observation,
             elapsed_ms=(time.perf_counter() - started) * 1000,
@@ -228,8 +246,8 @@ def create_app(manager: SessionManager, api_key: str, *, reclaim_every_s: float 
     ) -> Response:
         session = manager.get(session_id, owner)
         dimensions = session.mapping.model_size if size == "model" else None
-        with manager.driving(session) as desktop:
-            image = desktop.screenshot(dimensions, fmt=fmt)
+        with manager.driving(session) as screen:
+            image = screen.screenshot(dimensions, fmt=fmt)
         return Response(image, media_type=f"image/{fmt}")
 
     @app.post("/sessions/{session_id}/setup", dependencies=auth)

@@ -3,7 +3,9 @@
 import io
 import subprocess
 import sys
+import threading
 import uuid
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import redis
@@ -106,3 +108,32 @@ def test_a_killed_x_server_loses_the_session(client):
         client.step(sid, "wait()")
     with pytest.raises(SessionGoneError):
         client.release(sid)
+
+
+def test_browser_sessions_navigate_verify_and_evaluate(client, tmp_path):
+    (tmp_path / "game.html").write_text(
+        '<html><body style="margin:0"><button style="width:400px;height:200px" '
+        'onclick="window.score=(window.score||0)+1">+1</button></body></html>'
+    )
+    handler = lambda *a, **kw: SimpleHTTPRequestHandler(*a, directory=str(tmp_path), **kw)  # noqa: E731
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/game.html"
+    session = client.allocate(ttl_s=60, kind="browser")
+    sid = session["session_id"]
+    try:
+        assert session["kind"] == "browser"
+        client.setup(sid, [{"type": "chrome_open_tabs", "parameters": {"urls_to_open": [url]}}])
+        client.step(sid, "click(start_box='(100,50)')\n\nclick(start_box='(100,50)')", coordinates="screen")
+        assert client.verify(sid, "window.score") == 2
+        evaluator = {
+            "func": ["exact_match", "exact_match"],
+            "result": [{"type": "js_value", "script": "String(window.score)"}, {"type": "active_url"}],
+            "expected": [{"type": "rule", "rules": {"expected": "2"}}, {"type": "rule", "rules": {"expected": url}}],
+        }
+        assert client.evaluate(sid, evaluator) == 1.0
+        with pytest.raises(ActionError, match="VNC is for desktop sessions"):
+            client.vnc_token(sid, user="user:1")
+    finally:
+        client.release(sid)
+        server.shutdown()
