@@ -8,6 +8,11 @@ browser session owns one worker thread and every call runs there: callers may co
 from __future__ import annotations
 
 import io
+import os
+import shlex
+import shutil
+import tempfile
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -35,11 +40,12 @@ from .actions import (
 )
 from .coordinates import ScreenMapping
 from .desktop import UnsupportedAction
+from .isolation import BROWSER_LIMITS, SessionUser
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync",
+    "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
 ]  # fmt: skip
 # UI-TARS key names -> Playwright key names.
 KEYS = {
@@ -64,10 +70,39 @@ def _key(name: str) -> str:
 class BrowserSession:
     """One Chromium with one page per session; `close()` ends the browser and its thread."""
 
-    def __init__(self, profile_dir: Path, width: int = 1280, height: int = 800, *, headless: bool = True) -> None:
-        self.width, self.height = width, height
+    def __init__(
+        self,
+        profile_dir: Path,
+        width: int = 1280,
+        height: int = 800,
+        *,
+        user: SessionUser | None = None,
+        downloads: Path | None = None,
+        headless: bool = True,
+    ) -> None:
+        """With `user`, Chromium runs confined as that user (see isolation.py); downloads are saved under their
+        suggested names in `downloads` (default: ~/Downloads of the session), where the session's shell sees them."""
+        self.width, self.height, self.user = width, height, user
+        self.downloads = downloads or profile_dir.parent / "Downloads"
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="browser")
-        self._call(lambda: self._start(profile_dir, headless))
+        try:
+            self._call(lambda: self._start(profile_dir, headless))
+        except BaseException:
+            self._thread.shutdown(wait=True)
+            self._remove_launcher()
+            raise
+        # Playwright's sync API delivers events (downloads, crashes) only while a call runs on its thread; a
+        # light periodic call keeps them flowing when nobody is driving the page.
+        self._stop_pump = threading.Event()
+        self._pump = threading.Thread(target=self._pump_events, name="browser-events", daemon=True)
+        self._pump.start()
+
+    def _pump_events(self, every_s: float = 0.2) -> None:
+        while not self._stop_pump.wait(every_s):
+            try:
+                self._call(lambda: self.page.wait_for_timeout(1) if not self.closed else None)
+            except Exception:
+                pass
 
     def _call(self, fn: Callable[[], T]) -> T:
         return self._thread.submit(fn).result()
@@ -76,13 +111,45 @@ class BrowserSession:
         from playwright.sync_api import sync_playwright
 
         self._playwright = sync_playwright().start()
+        executable = self._confined_chromium(profile_dir) if self.user else CHROMIUM
+        # Chromium writes downloads here first: inside the session's home, so both the sandboxed browser and
+        # the service (which then saves them under their real names) can reach them.
+        incoming = profile_dir / "incoming-downloads"
         self.context = self._playwright.chromium.launch_persistent_context(
-            str(profile_dir), executable_path=CHROMIUM, headless=headless, args=CHROMIUM_ARGS,
+            str(profile_dir), executable_path=executable, headless=headless, args=CHROMIUM_ARGS,
             viewport={"width": self.width, "height": self.height}, accept_downloads=True,
+            downloads_path=str(incoming),
         )  # fmt: skip
+        self.context.on("page", lambda page: page.on("download", self._save_download))
         self.page = self.context.pages[0] if self.context.pages else self.context.new_page()
+        for page in self.context.pages:
+            page.on("download", self._save_download)
         self.closed = False
         self.context.on("close", lambda _: setattr(self, "closed", True))  # Chromium exited or crashed
+
+    def _confined_chromium(self, profile_dir: Path) -> str:
+        """A launcher that runs Chromium as the session's user in its sandbox; Playwright talks to it over the
+        inherited pipe (fds 3 and 4), which bubblewrap and setpriv keep open."""
+        assert self.user is not None
+        for path in (profile_dir, profile_dir / "incoming-downloads", self.downloads):
+            path.mkdir(parents=True, exist_ok=True)
+            os.chown(path, self.user.uid, self.user.gid)
+        # Outside the session's home, in a directory only the service can touch: the session must never be able
+        # to replace what the service executes.
+        self._launcher_dir = Path(tempfile.mkdtemp(prefix="chromium-launcher-"))
+        launcher = self._launcher_dir / "chromium"
+        command = " ".join(shlex.quote(part) for part in self.user.confine([CHROMIUM], BROWSER_LIMITS))
+        launcher.write_text(f'#!/bin/sh\nexec {command} "$@"\n')
+        launcher.chmod(0o700)
+        return str(launcher)
+
+    def _save_download(self, download: Any) -> None:
+        """Keep a finished download under its own name where the session (and its shell) can read it."""
+        self.downloads.mkdir(parents=True, exist_ok=True)
+        target = self.downloads / Path(download.suggested_filename).name
+        download.save_as(target)
+        if self.user is not None:
+            os.chown(target, self.user.uid, self.user.gid)
 
     def is_alive(self) -> bool:
         return not getattr(self, "closed", True)
@@ -175,6 +242,9 @@ class BrowserSession:
         return "ok"
 
     def close(self) -> None:
+        self._stop_pump.set()
+        self._pump.join(timeout=5)
+
         def run() -> None:
             if not self.closed:
                 self.context.close()
@@ -184,3 +254,8 @@ class BrowserSession:
             self._call(run)
         finally:
             self._thread.shutdown(wait=True)
+            self._remove_launcher()
+
+    def _remove_launcher(self) -> None:
+        if getattr(self, "_launcher_dir", None):
+            shutil.rmtree(self._launcher_dir, ignore_errors=True)

@@ -24,8 +24,14 @@ class IsolationError(RuntimeError):
 @dataclass(frozen=True)
 class Limits:
     max_processes: int = 256
-    max_memory_bytes: int = 4 * 1024**3
+    max_memory_bytes: int | None = (
+        4 * 1024**3
+    )  # address space (RLIMIT_AS); None for Chromium, whose V8 reserves far more
     max_open_files: int = 1024
+
+
+# Chromium maps tens of GiB of address space it never uses, so an RLIMIT_AS cap kills it at start.
+BROWSER_LIMITS = Limits(max_processes=512, max_memory_bytes=None, max_open_files=4096)
 
 
 @dataclass(frozen=True)
@@ -39,7 +45,20 @@ class SessionUser:
     def confine(self, command: list[str], limits: Limits | None = None, *, cwd: Path | None = None) -> list[str]:
         """`command` wrapped to run as this user, in bubblewrap, under `limits`."""
         limits = limits or Limits()
-        wrapper = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+        wrapper = [
+            "bwrap",
+            "--ro-bind",
+            "/",
+            "/",
+            "--dev",
+            "/dev",
+            "--proc",
+            "/proc",
+            "--perms",
+            "1777",
+            "--tmpfs",
+            "/tmp",
+        ]
         for path in self.hidden:
             if path.exists():
                 wrapper += ["--tmpfs", str(path)]
@@ -49,8 +68,9 @@ class SessionUser:
             wrapper += ["--bind", "/tmp/.X11-unix", "/tmp/.X11-unix"]
         wrapper += ["--unshare-pid", "--unshare-ipc", "--die-with-parent", "--new-session"]
         wrapper += ["--chdir", str(cwd or self.home), "--setenv", "HOME", str(self.home), "--setenv", "USER", self.name]
-        limit = ["prlimit", f"--nproc={limits.max_processes}", f"--as={limits.max_memory_bytes}"]
-        limit += [f"--nofile={limits.max_open_files}", "--"]
+        limit = ["prlimit", f"--nproc={limits.max_processes}", f"--nofile={limits.max_open_files}"]
+        limit += [f"--as={limits.max_memory_bytes}"] if limits.max_memory_bytes else []
+        limit += ["--"]
         drop = ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups", "--no-new-privs", "--"]
         return [*wrapper, "--", *limit, *drop, *command]
 

@@ -85,7 +85,8 @@ class SessionManager:
         try:
             if kind == "browser":
                 home.mkdir(parents=True, exist_ok=True)
-                return Session(session_id, None, user, browser=BrowserSession(home / ".browser-profile", *self.size))
+                browser = BrowserSession(home / ".browser-profile", *self.size, user=user)
+                return Session(session_id, None, user, browser=browser)
             return Session(session_id, Desktop.start(home, *self.size, user=user), user)
         except BaseException:
             if user:

@@ -1,7 +1,10 @@
 """The session manager with real desktops, users and Redis leases: pool, capacity, loss and reclaim."""
 
+import subprocess
+import threading
 import time
 import uuid
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import redis
@@ -12,6 +15,9 @@ from sandbox.desktop import available
 from sandbox.isolation import isolation_available
 from sandbox.leases import LeaseStore, NoCapacity, NotLeaseOwner
 from sandbox.manager import SessionLost, SessionManager
+from sandbox.sdk import run_shell
+
+from ..waiting import wait_for
 
 pytestmark = pytest.mark.skipif(
     not (available() and isolation_available()), reason="needs root, X (Xvfb, openbox, x11vnc) and bubblewrap"
@@ -65,3 +71,22 @@ def test_expired_leases_are_reclaimed(manager):
     assert manager.reclaim() == [(session.session_id, "its lease expired")]
     assert not session.desktop.is_alive() and not session.user.home.exists()
     assert manager.sessions == {}
+
+
+def test_browser_sessions_run_chromium_as_the_session_user_and_keep_downloads(manager, tmp_path):
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "report.csv").write_text("a,b\n1,2\n")
+    (tmp_path / "site" / "index.html").write_text('<a id="dl" href="report.csv" download>get</a>')
+    handler = lambda *a, **kw: SimpleHTTPRequestHandler(*a, directory=str(tmp_path / "site"), **kw)  # noqa: E731
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    session = manager.allocate("alice", ttl_s=60, kind="browser")
+    try:
+        uids = subprocess.run(["pgrep", "-u", str(session.user.uid), "-f", "chromium"], capture_output=True, text=True)
+        assert uids.stdout.split(), "no Chromium runs as the session user"
+        session.browser.new_page(f"http://127.0.0.1:{server.server_address[1]}/index.html")
+        session.browser.execute(Click(Point(10, 10)))
+        assert wait_for(lambda: (session.user.home / "Downloads" / "report.csv").exists())
+        assert run_shell(session.user, "cat Downloads/report.csv").stdout == "a,b\n1,2\n"
+    finally:
+        server.shutdown()
