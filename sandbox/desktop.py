@@ -155,7 +155,7 @@ class Desktop:
 
     def launch(self, command: list[str]) -> subprocess.Popen:
         """Start an application on this desktop (its process group is stopped with the desktop)."""
-        argv = self.user.confine(command) if self.user else command
+        argv = self.user.confine(command, env=self.env()) if self.user else command
         proc = subprocess.Popen(
             argv, env=self.env(), cwd=self.home, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True,

@@ -42,8 +42,16 @@ class SessionUser:
     home: Path
     hidden: tuple[Path, ...] = field(default=())  # paths masked from this session's commands
 
-    def confine(self, command: list[str], limits: Limits | None = None, *, cwd: Path | None = None) -> list[str]:
-        """`command` wrapped to run as this user, in bubblewrap, under `limits`."""
+    def confine(
+        self,
+        command: list[str],
+        limits: Limits | None = None,
+        *,
+        cwd: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> list[str]:
+        """`command` wrapped to run as this user, in bubblewrap, under `limits`. The environment is cleared (the
+        service's holds its secrets) down to PATH, HOME, USER, LANG and `env`."""
         limits = limits or Limits()
         wrapper = [
             "bwrap",
@@ -67,7 +75,15 @@ class SessionUser:
         if Path("/tmp/.X11-unix").is_dir():
             wrapper += ["--bind", "/tmp/.X11-unix", "/tmp/.X11-unix"]
         wrapper += ["--unshare-pid", "--unshare-ipc", "--die-with-parent", "--new-session"]
-        wrapper += ["--chdir", str(cwd or self.home), "--setenv", "HOME", str(self.home), "--setenv", "USER", self.name]
+        wrapper += ["--chdir", str(cwd or self.home), "--clearenv"]
+        variables = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": str(self.home),
+            "USER": self.name,
+            "LANG": "C.UTF-8",
+        }
+        for name, value in {**variables, **(env or {})}.items():
+            wrapper += ["--setenv", name, value]
         limit = ["prlimit", f"--nproc={limits.max_processes}", f"--nofile={limits.max_open_files}"]
         limit += [f"--as={limits.max_memory_bytes}"] if limits.max_memory_bytes else []
         limit += ["--"]

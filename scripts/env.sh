@@ -11,7 +11,15 @@ export DATABASE_NAME="${DATABASE_NAME:-annotation}"
 export DATABASE_USER="${DATABASE_USER:-annotation}"
 export DATABASE_PASSWORD="${DATABASE_PASSWORD:-annotation-local}"
 export REDIS_PORT="${REDIS_PORT:-63790}"
-export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:$REDIS_PORT}"
+# Redis requires a password, made once and kept private under var/: sandbox sessions share the loopback network.
+if [ -z "${REDIS_PASSWORD:-}" ]; then
+  mkdir -p "$VAR"
+  [ -s "$VAR/redis-password" ] || (umask 077 && "$PYTHON" -c "import secrets; print(secrets.token_hex(24))" >"$VAR/redis-password")
+  REDIS_PASSWORD="$(cat "$VAR/redis-password")"
+fi
+export REDIS_PASSWORD
+export REDISCLI_AUTH="$REDIS_PASSWORD"
+export REDIS_URL="${REDIS_URL:-redis://:$REDIS_PASSWORD@127.0.0.1:$REDIS_PORT}"
 export MEDIA_ROOT="${MEDIA_ROOT:-$VAR/media}"
 export STATIC_ROOT="${STATIC_ROOT:-$VAR/static}"
 export WEB_PORT="${WEB_PORT:-8000}"
