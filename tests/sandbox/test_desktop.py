@@ -1,5 +1,6 @@
 """Real desktops (Xvfb + openbox + x11vnc): actions land, Unicode types, nothing is left behind."""
 
+import os
 import socket
 import subprocess
 import time
@@ -101,3 +102,22 @@ def _uid_of(pid: int) -> int:
     """The real uid of `pid` (setpriv drops privileges and then execs in place, so the pid stays the same)."""
     status = Path(f"/proc/{pid}/status").read_text()
     return int(next(line.split()[1] for line in status.splitlines() if line.startswith("Uid:")))
+
+
+@pytest.mark.skipif(not isolation_available(), reason="needs root, bwrap, setpriv, prlimit, useradd")
+def test_a_task_can_edit_and_save_a_file_in_the_text_editor(tmp_path):
+    user = create_session_user(uuid.uuid4().hex[:12], tmp_path / "sessions")
+    desktop = Desktop.start(user.home, user=user)
+    try:
+        notes = user.home / "notes.txt"
+        notes.write_text("")
+        os.chown(notes, user.uid, user.gid)
+        desktop.launch(["mousepad", str(notes)])
+        assert wait_for(lambda: any(cls == "Mousepad" for cls, _ in desktop.windows()), timeout=20)
+        time.sleep(0.5)
+        desktop.execute(Type("Grocery list: café, thé ✓\n"))
+        desktop.execute(Hotkey(("ctrl", "s")))
+        assert wait_for(lambda: notes.read_text(encoding="utf-8") == "Grocery list: café, thé ✓\n")
+    finally:
+        desktop.stop()
+        delete_session_user(user)
