@@ -356,7 +356,8 @@ class Desktop:
 def _run_as(user: SessionUser | None) -> list[str]:
     if user is None:
         return []
-    return ["setpriv", f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups", "--no-new-privs", "--"]
+    drop = ["setpriv", f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups", "--no-new-privs", "--"]
+    return [*user.join_cgroup(), *drop]
 
 
 def _char_keysym(ch: str) -> int:

@@ -11,6 +11,7 @@ import os
 import pwd
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +42,13 @@ class SessionUser:
     gid: int
     home: Path
     hidden: tuple[Path, ...] = field(default=())  # paths masked from this session's commands
+    cgroup: Path | None = None  # memory cgroup every process of the session joins, when the host offers one
+
+    def join_cgroup(self) -> list[str]:
+        """A prefix that moves the command into the session's memory cgroup before it runs (empty without one)."""
+        if self.cgroup is None:
+            return []
+        return ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(self.cgroup)]
 
     def confine(
         self,
@@ -88,7 +96,7 @@ class SessionUser:
         limit += [f"--as={limits.max_memory_bytes}"] if limits.max_memory_bytes else []
         limit += ["--"]
         drop = ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups", "--no-new-privs", "--"]
-        return [*wrapper, "--", *limit, *drop, *command]
+        return [*self.join_cgroup(), *wrapper, "--", *limit, *drop, *command]
 
 
 def isolation_available() -> bool:
@@ -97,8 +105,49 @@ def isolation_available() -> bool:
     return os.geteuid() == 0 and all(shutil.which(tool) for tool in tools)
 
 
-def create_session_user(session_id: str, sessions_root: Path, *, hidden: tuple[Path, ...] = ()) -> SessionUser:
-    """A fresh system user `sbx-<id>` with a private home `sessions_root/<id>` (mode 0700)."""
+CGROUP_V1_MEMORY = Path("/sys/fs/cgroup/memory")
+CGROUP_V2 = Path("/sys/fs/cgroup")
+SESSION_MEMORY_BYTES = 4 * 1024**3
+
+
+def memory_cgroup(name: str, limit_bytes: int) -> Path | None:
+    """A memory cgroup capped at `limit_bytes` (cgroup v2 or v1's memory controller); None where the host has none
+    we may create (then only the per-process limits apply)."""
+    if (CGROUP_V2 / "cgroup.controllers").exists() and "memory" in (CGROUP_V2 / "cgroup.controllers").read_text():
+        path, limit_file = CGROUP_V2 / name, "memory.max"
+    elif (CGROUP_V1_MEMORY / "memory.limit_in_bytes").exists():
+        path, limit_file = CGROUP_V1_MEMORY / name, "memory.limit_in_bytes"
+    else:
+        return None
+    try:
+        path.mkdir(exist_ok=True)
+        (path / limit_file).write_text(str(limit_bytes))
+    except OSError:
+        return None
+    return path
+
+
+def remove_cgroup(path: Path) -> None:
+    """Remove an empty session cgroup (its processes are killed first by delete_session_user)."""
+    for _ in range(50):
+        try:
+            path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.02)  # the last processes are still exiting
+
+
+def create_session_user(
+    session_id: str,
+    sessions_root: Path,
+    *,
+    hidden: tuple[Path, ...] = (),
+    memory_limit_bytes: int = SESSION_MEMORY_BYTES,
+) -> SessionUser:
+    """A fresh system user `sbx-<id>` with a private home `sessions_root/<id>` (mode 0700) and, where the host
+    allows, a memory cgroup of `memory_limit_bytes` for all its processes together."""
     if not isolation_available():
         raise IsolationError("session isolation needs root and bwrap, setpriv, prlimit, useradd (scripts/bootstrap)")
     if not session_id.isalnum():
@@ -118,7 +167,8 @@ def create_session_user(session_id: str, sessions_root: Path, *, hidden: tuple[P
     home.mkdir(mode=0o700)
     os.chown(home, entry.pw_uid, entry.pw_gid)
     masked = (PROJECT_ROOT, Path("/root"), sessions_root, *hidden)
-    return SessionUser(name, entry.pw_uid, entry.pw_gid, home, masked)
+    cgroup = memory_cgroup(name, memory_limit_bytes)
+    return SessionUser(name, entry.pw_uid, entry.pw_gid, home, masked, cgroup)
 
 
 def delete_session_user(user: SessionUser) -> None:
@@ -126,3 +176,5 @@ def delete_session_user(user: SessionUser) -> None:
     subprocess.run(["pkill", "-KILL", "-u", str(user.uid)], capture_output=True)
     subprocess.run(["userdel", user.name], capture_output=True)
     shutil.rmtree(user.home, ignore_errors=True)
+    if user.cgroup is not None:
+        remove_cgroup(user.cgroup)

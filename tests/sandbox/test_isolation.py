@@ -107,3 +107,16 @@ def test_sessions_get_none_of_the_services_secrets(make_session):
     assert secrets and not any(secret in result.stdout for secret in secrets)
     names = sorted(line.split("=")[0] for line in result.stdout.splitlines() if "=" in line and line[0].isupper())
     assert names == ["HOME", "LANG", "PATH", "PWD", "SHLVL", "USER"]
+
+
+def test_a_session_memory_cgroup_caps_all_its_processes(sessions_root):
+    user = create_session_user(uuid.uuid4().hex[:12], sessions_root, memory_limit_bytes=64 * 1024**2)
+    try:
+        if user.cgroup is None:
+            pytest.skip("this host offers no memory cgroup we may create")
+        assert user.name in run_shell(user, "cat /proc/self/cgroup").stdout
+        hog = run_shell(user, "tail /dev/zero", timeout_s=30, limits=Limits(max_memory_bytes=None))
+        assert hog.exit_code == 137 and not hog.timed_out  # killed by the cgroup, far below the 4 GiB RLIMIT_AS
+    finally:
+        delete_session_user(user)
+    assert not user.cgroup.exists()
