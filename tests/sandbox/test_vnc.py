@@ -1,6 +1,7 @@
 """VNC through the real websockify process: a token per lease and user, Origin checked, dead with the lease."""
 
 import subprocess
+import time
 import uuid
 
 import pytest
@@ -72,3 +73,14 @@ def test_only_the_lease_holder_mints_tokens(bridge):
     _, store, session_id, socket_path = bridge
     with pytest.raises(PermissionError):
         mint_token(store, session_id, "someone-else", "user:8", socket_path, ttl_s=30)
+
+
+def test_a_token_dies_when_its_lease_expires(bridge):
+    url, store, session_id, socket_path = bridge
+    store.release(session_id, "annotation-app")
+    short = store.acquire("annotation-app", ttl_s=0.5, session_id=session_id)
+    token = mint_token(store, short.session_id, "annotation-app", "user:7", socket_path, ttl_s=60)
+    assert _rfb_banner(f"{url}?token={token}", ORIGIN).startswith(b"RFB ")
+    time.sleep(0.7)  # the lease expires; the token's own TTL (60 s) has not
+    with pytest.raises(InvalidHandshake):
+        _rfb_banner(f"{url}?token={token}", ORIGIN)
