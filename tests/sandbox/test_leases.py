@@ -2,28 +2,13 @@
 
 import threading
 import time
-import uuid
 
 import pytest
 import redis
-from django.conf import settings
 
 from sandbox.leases import LeaseExpired, LeaseNotFound, LeaseStore, NoCapacity, NotLeaseOwner
 
-
-@pytest.fixture
-def client():
-    client = redis.Redis.from_url(f"{settings.REDIS_URL}/12")
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def namespace(client):
-    name = f"test-{uuid.uuid4().hex}"
-    yield name
-    for key in client.scan_iter(f"{name}:*"):
-        client.delete(key)
+from .conftest import REDIS_TEST_URL
 
 
 @pytest.fixture
@@ -72,7 +57,7 @@ def test_concurrent_callers_never_exceed_capacity(namespace):
     barrier = threading.Barrier(16)
 
     def grab(n):
-        own = LeaseStore(redis.Redis.from_url(f"{settings.REDIS_URL}/12"), capacity=5, namespace=namespace)
+        own = LeaseStore(redis.Redis.from_url(REDIS_TEST_URL), capacity=5, namespace=namespace)
         barrier.wait()
         try:
             granted.append(own.acquire(f"user{n}", ttl_s=30))

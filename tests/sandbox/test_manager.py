@@ -3,12 +3,9 @@
 import subprocess
 import threading
 import time
-import uuid
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-import redis
-from django.conf import settings
 
 from sandbox.actions import Click, Point
 from sandbox.desktop import available
@@ -25,15 +22,10 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture
-def manager(tmp_path):
-    client = redis.Redis.from_url(f"{settings.REDIS_URL}/12")
-    namespace = f"test-{uuid.uuid4().hex}"
+def manager(tmp_path, client, namespace):
     manager = SessionManager(LeaseStore(client, capacity=2, namespace=namespace), tmp_path / "s", isolate=True, warm=1)
     yield manager
     manager.shutdown()
-    for key in client.scan_iter(f"{namespace}:*"):
-        client.delete(key)
-    client.close()
 
 
 def test_warm_pool_capacity_and_release(manager):

@@ -1,11 +1,8 @@
 """OSWorld-format setup and evaluation on a real isolated session."""
 
 import re
-import uuid
 
 import pytest
-import redis
-from django.conf import settings
 
 from sandbox.desktop import available
 from sandbox.isolation import isolation_available
@@ -22,14 +19,10 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture
-def session(tmp_path):
-    client = redis.Redis.from_url(f"{settings.REDIS_URL}/12")
-    namespace = f"test-{uuid.uuid4().hex}"
+def session(tmp_path, client, namespace):
     manager = SessionManager(LeaseStore(client, capacity=1, namespace=namespace), tmp_path / "s", isolate=True)
     yield manager.allocate("evaluator", ttl_s=60)
     manager.shutdown()
-    for key in client.scan_iter(f"{namespace}:*"):
-        client.delete(key)
 
 
 TASK_EVALUATOR = {

@@ -1,51 +1,22 @@
 """VNC through the real websockify process: a token per lease and user, Origin checked, dead with the lease."""
 
-import subprocess
 import time
-import uuid
 
 import pytest
-import redis
-from django.conf import settings
 from websockets.exceptions import InvalidHandshake, InvalidStatus
 from websockets.sync.client import connect
 
-from sandbox.desktop import Desktop, available
-from sandbox.leases import LeaseStore
-from sandbox.vnc import mint_token, revoke_tokens, websockify_command
-
-from ..servers import free_port, running, subprocess_env
-from ..waiting import wait_for
+from sandbox.desktop import available
+from sandbox.vnc import mint_token, revoke_tokens
 
 pytestmark = pytest.mark.skipif(not available(), reason="needs Xvfb, openbox and x11vnc")
 ORIGIN = "http://127.0.0.1:8000"
 
 
 @pytest.fixture
-def bridge(tmp_path):
-    """websockify (as supervised in production) + one leased desktop; yields (url, store, session id, socket)."""
-    client = redis.Redis.from_url(f"{settings.REDIS_URL}/12")
-    namespace = f"test-{uuid.uuid4().hex}"
-    store = LeaseStore(client, capacity=4, namespace=namespace)
-    port = free_port()
-    command = websockify_command(f"127.0.0.1:{port}", f"{settings.REDIS_URL}/12", namespace, [ORIGIN])
-    desktop = Desktop.start(tmp_path / "home")
-    lease = store.acquire("annotation-app", ttl_s=60, session_id="s" + uuid.uuid4().hex[:8])
-    try:
-        assert wait_for(desktop.vnc_socket.exists)
-        with running(command, subprocess_env(), tmp_path / "websockify.log", lambda: _listening(port)):
-            yield f"ws://127.0.0.1:{port}/", store, lease.session_id, desktop.vnc_socket
-    finally:
-        desktop.stop()
-        for key in client.scan_iter(f"{namespace}:*"):
-            client.delete(key)
-
-
-def _listening(port: int) -> bool:
-    """Whether something listens on the port, asked of the kernel: a probe connection would leave websockify a
-    forked handler waiting forever for a handshake."""
-    result = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True)
-    return bool(result.stdout.strip())
+def bridge(bridge_for):
+    b = bridge_for(ORIGIN)
+    return b.url, b.store, b.session_id, b.vnc_socket
 
 
 def _rfb_banner(url: str, origin: str) -> bytes:
