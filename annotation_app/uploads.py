@@ -55,6 +55,12 @@ def _digest(upload: UploadedFile) -> str:
     return sha.hexdigest()
 
 
+def check_size(upload: UploadedFile, *, what: str, max_bytes: int) -> None:
+    """413 for a file over `max_bytes`."""
+    if upload.size is not None and upload.size > max_bytes:
+        raise UploadRejected(f"{what} is {upload.size} bytes; the limit is {max_bytes} bytes.", status=413)
+
+
 def check_upload(
     upload: UploadedFile,
     *,
@@ -66,8 +72,7 @@ def check_upload(
     """Reject files that are too large, of the wrong kind, or whose SHA-256 differs from the one the client sent."""
     if upload.size is None or upload.size == 0:
         raise UploadRejected(f"{what} is empty.")
-    if upload.size > max_bytes:
-        raise UploadRejected(f"{what} is {upload.size} bytes; the limit is {max_bytes} bytes.", status=413)
+    check_size(upload, what=what, max_bytes=max_bytes)
     head = upload.read(16)
     upload.seek(0)
     if formats is None:

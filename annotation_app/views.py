@@ -18,6 +18,7 @@ from .models import Review, Role, Task, Trajectory
 from .permissions import Capability, can, requires, trajectories_visible_to
 from .task_import import TaskImportError, import_tasks
 from .trajectories import Conflict
+from .uploads import UploadRejected, check_size
 
 LANDING = {Role.ANNOTATOR: "annotate", Role.DATA_LEAD: "lead", Role.ML_ENGINEER: "flywheel"}
 
@@ -116,15 +117,15 @@ def lead_import(request: HttpRequest) -> HttpResponse:
     status = 200
     if upload is None:
         context["message"], status = "Choose a JSON or JSON Lines file to import.", 400
-    elif upload.size > settings.MAX_TASK_IMPORT_BYTES:
-        context["message"] = f"The file is {upload.size} bytes; the limit is {settings.MAX_TASK_IMPORT_BYTES} bytes."
-        status = 413
     else:
         try:
+            check_size(upload, what="The file", max_bytes=settings.MAX_TASK_IMPORT_BYTES)
             on_conflict = "skip" if request.POST.get("skip_existing") else "error"
             context["result"] = import_tasks(
                 upload.read(), upload.name, created_by=request.user, on_conflict=on_conflict
             )
+        except UploadRejected as exc:
+            context["message"], status = str(exc), exc.status
         except TaskImportError as exc:
             context["errors"], context["total_errors"], status = exc.errors, exc.total_errors, 400
     return render(request, "annotation_app/_import_result.html", context, status=status)

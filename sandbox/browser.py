@@ -38,7 +38,7 @@ from .actions import (
     Type,
     Wait,
 )
-from .coordinates import ScreenMapping
+from .coordinates import ScreenMapping, pixel_of
 from .desktop import UnsupportedAction
 from .isolation import BROWSER_LIMITS, SessionUser
 
@@ -194,7 +194,7 @@ class BrowserSession:
 
     def execute(self, action: Action, mapping: ScreenMapping | None = None) -> str:
         """Run one action on the page; model coordinates go through `mapping` (default: viewport pixels)."""
-        at = (lambda p: mapping.to_screen(p.x, p.y)) if mapping else (lambda p: (round(p.x), round(p.y)))
+        at = pixel_of(mapping)
         return self._call(lambda: self._execute(action, at))
 
     def _execute(self, action: Action, at: Callable) -> str:  # type: ignore[type-arg]

@@ -9,8 +9,10 @@ must agree: wrong scaling is the most reported bug of such agents.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 FACTOR = 28
 MIN_PIXELS = 100 * FACTOR * FACTOR
@@ -71,3 +73,10 @@ class ScreenMapping:
         """A screen pixel in model coordinates (e.g. an annotator's click written as a training action)."""
         model_w, model_h = self.model_size
         return round(x / self.screen_width * model_w), round(y / self.screen_height * model_h)
+
+
+def pixel_of(mapping: ScreenMapping | None) -> Callable[[Any], tuple[int, int]]:
+    """Screen pixel of a point (anything with .x and .y): through `mapping` for model coordinates, else as given."""
+    if mapping is None:
+        return lambda point: (round(point.x), round(point.y))
+    return lambda point: mapping.to_screen(point.x, point.y)

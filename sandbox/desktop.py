@@ -38,7 +38,7 @@ from .actions import (
     Type,
     Wait,
 )
-from .coordinates import ScreenMapping
+from .coordinates import ScreenMapping, pixel_of
 from .isolation import SessionUser
 
 # UI-TARS key names -> X keysym names.
@@ -233,7 +233,7 @@ class Desktop:
             raise DesktopError(f"desktop :{self.display} is gone ({type(exc).__name__})") from exc
 
     def _execute(self, action: Action, mapping: ScreenMapping | None) -> str:
-        at = (lambda p: mapping.to_screen(p.x, p.y)) if mapping else (lambda p: (round(p.x), round(p.y)))
+        at = pixel_of(mapping)
         match action:
             case Click(point):
                 self._click(*at(point), button=1)
@@ -356,8 +356,7 @@ class Desktop:
 def _run_as(user: SessionUser | None) -> list[str]:
     if user is None:
         return []
-    drop = ["setpriv", f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups", "--no-new-privs", "--"]
-    return [*user.join_cgroup(), *drop]
+    return [*user.join_cgroup(), *user.drop_privileges()]
 
 
 def _char_keysym(ch: str) -> int:

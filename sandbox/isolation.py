@@ -95,8 +95,11 @@ class SessionUser:
         limit = ["prlimit", f"--nproc={limits.max_processes}", f"--nofile={limits.max_open_files}"]
         limit += [f"--as={limits.max_memory_bytes}"] if limits.max_memory_bytes else []
         limit += ["--"]
-        drop = ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups", "--no-new-privs", "--"]
-        return [*self.join_cgroup(), *wrapper, "--", *limit, *drop, *command]
+        return [*self.join_cgroup(), *wrapper, "--", *limit, *self.drop_privileges(), *command]
+
+    def drop_privileges(self) -> list[str]:
+        """A prefix that runs the command as this user, with no supplementary groups and no way back up."""
+        return ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups", "--no-new-privs", "--"]
 
 
 def isolation_available() -> bool:

@@ -63,7 +63,7 @@ class Files:
         self.root = user.home.resolve()
 
     def resolve(self, path: str) -> Path:
-        candidate = (self.root / path.lstrip("/")) if not Path(path).is_absolute() else Path(path)
+        candidate = Path(path) if Path(path).is_absolute() else self.root / path
         resolved = Path(os.path.realpath(candidate))
         if not resolved.is_relative_to(self.root):
             raise PathOutsideSession(f"{path!r} is outside the session's directory")

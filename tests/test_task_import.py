@@ -151,3 +151,12 @@ def test_import_page_shows_the_errors(client, lead):
     ok = SimpleUploadedFile("t.json", b'[{"instruction": "x"}]')
     response = client.post(reverse("lead-import"), {"file": ok}, HTTP_HX_REQUEST="true")
     assert response.status_code == 200 and "Imported 1 task" in response.content.decode()
+
+
+def test_import_page_refuses_oversized_files(client, lead, settings):
+    settings.MAX_TASK_IMPORT_BYTES = 10
+    client.force_login(lead)
+    big = SimpleUploadedFile("t.json", b'[{"instruction": "x"}]')
+    response = client.post(reverse("lead-import"), {"file": big}, HTTP_HX_REQUEST="true")
+    assert response.status_code == 413 and "the limit is 10 bytes" in response.content.decode()
+    assert Task.objects.count() == 0

@@ -19,7 +19,7 @@ from .. import task_queue, trajectories
 from ..models import Trajectory, User
 from ..permissions import Capability, allows, can, can_edit_trajectory, tasks_visible_to, trajectories_visible_to
 from ..task_import import import_tasks
-from ..uploads import UploadRejected
+from ..uploads import check_size
 from . import serializers as s
 
 
@@ -58,10 +58,7 @@ class TaskViewSet(viewsets.ModelViewSet):
         form = s.TaskImportSerializer(data=request.data)
         form.is_valid(raise_exception=True)
         upload = form.validated_data["file"]
-        if upload.size > settings.MAX_TASK_IMPORT_BYTES:
-            raise UploadRejected(
-                f"file is {upload.size} bytes; the limit is {settings.MAX_TASK_IMPORT_BYTES} bytes.", status=413
-            )
+        check_size(upload, what="file", max_bytes=settings.MAX_TASK_IMPORT_BYTES)
         result = import_tasks(
             upload.read(), upload.name, created_by=request.user, on_conflict=form.validated_data["on_conflict"]
         )
