@@ -487,3 +487,25 @@ def action_from_dict(data: dict[str, Any]) -> Action:
             value = tuple(value)
         values[f.name] = value
     return cls(**values)
+
+
+# --- screen bounds ---------------------------------------------------------------------------------------------------
+
+
+def action_points(action: Action) -> list[Point]:
+    """The points an action touches (click target, drag ends, scroll anchor), in its own coordinates."""
+    return [p for p in (getattr(action, name, None) for name in ("point", "start", "end")) if isinstance(p, Point)]
+
+
+def out_of_bounds(actions: list[Action], width: int, height: int) -> list[str]:
+    """One message per point outside a `width`×`height` image (the model image the coordinates refer to)."""
+    problems = []
+    for n, action in enumerate(actions, start=1):
+        for point in action_points(action):
+            if not (0 <= point.x < width and 0 <= point.y < height):
+                where = f"action {n} ({action.name})" if len(actions) > 1 else action.name
+                problems.append(
+                    f"{where}: point ({_coordinate(point.x)},{_coordinate(point.y)}) is outside the "
+                    f"{width}×{height} screenshot (x 0–{width - 1}, y 0–{height - 1})"
+                )
+    return problems

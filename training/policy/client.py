@@ -1,0 +1,129 @@
+"""Client of an OpenAI-compatible policy server (vLLM or the embedded one): n proposals per step, parsed and checked.
+
+A proposal that does not parse, or that points outside the screenshot, comes back with `error` set and its raw text;
+the caller shows it as invalid and never executes it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from sandbox.action_regex import proposal_regex
+from sandbox.actions import ActionSyntaxError, action_points, action_to_dict, format_actions, out_of_bounds, parse_step
+
+
+class PolicyError(Exception):
+    """The server could not be reached or answered with an error, after the retries."""
+
+
+@dataclass
+class Proposal:
+    raw: str
+    thought: str = ""
+    action_text: str = ""
+    actions: list[dict[str, Any]] = field(default_factory=list)
+    points: list[list[float]] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def valid(self) -> bool:
+        return not self.error
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "raw": self.raw, "thought": self.thought, "action_text": self.action_text, "actions": self.actions,
+            "points": self.points, "error": self.error,
+        }  # fmt: skip
+
+
+@dataclass
+class ProposalBatch:
+    proposals: list[Proposal]
+    model: str
+    latency_ms: float
+
+
+def parse_proposal(raw: str, width: int, height: int) -> Proposal:
+    """Parse one model output against the grammar and the `width`×`height` model image."""
+    try:
+        step = parse_step(raw.strip())
+    except ActionSyntaxError as exc:
+        return Proposal(raw=raw, error=f"does not parse: {exc}")
+    problems = out_of_bounds(step.actions, width, height)
+    proposal = Proposal(
+        raw=raw,
+        thought=step.thought,
+        action_text=format_actions(step.actions),
+        actions=[action_to_dict(a) for a in step.actions],
+        points=[[p.x, p.y] for a in step.actions for p in action_points(a)],
+    )
+    if problems:
+        proposal.error = "; ".join(problems)
+    return proposal
+
+
+@dataclass
+class PolicyClient:
+    """`base_url` like http://127.0.0.1:8020/v1 (vLLM: http://host:8000/v1); `model` is the served model name."""
+
+    base_url: str
+    model: str
+    api_key: str = ""
+    timeout_s: float = 60.0
+    retries: int = 2
+    constrain: bool = True  # send the grammar as structured_outputs (vLLM ≥ 0.10 and the embedded server)
+
+    def __post_init__(self) -> None:
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        self.http = httpx.Client(base_url=self.base_url.rstrip("/"), headers=headers, timeout=self.timeout_s)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def complete(self, body: dict[str, Any]) -> dict[str, Any]:
+        """POST /chat/completions with retries on connection errors, timeouts and 5xx (exponential back-off)."""
+        last: Exception | None = None
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(min(0.25 * 2 ** (attempt - 1), 2.0))
+            try:
+                response = self.http.post("/chat/completions", json=body)
+            except httpx.HTTPError as exc:
+                last = exc
+                continue
+            if response.status_code >= 500:
+                last = PolicyError(f"policy server answered {response.status_code}: {response.text[:300]}")
+                continue
+            if response.status_code >= 400:
+                raise PolicyError(f"policy server refused the request ({response.status_code}): {response.text[:300]}")
+            return response.json()
+        raise PolicyError(f"policy server at {self.base_url} failed after {self.retries + 1} tries: {last}")
+
+    def propose(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        width: int,
+        height: int,
+        n: int = 4,
+        temperature: float = 1.0,
+        max_tokens: int = 256,
+        seed: int | None = None,
+    ) -> ProposalBatch:
+        body: dict[str, Any] = {
+            "model": self.model, "messages": messages, "n": n, "temperature": temperature, "max_tokens": max_tokens,
+        }  # fmt: skip
+        if seed is not None:
+            body["seed"] = seed
+        if self.constrain:
+            body["structured_outputs"] = {"regex": proposal_regex(width, height)}
+        started = time.perf_counter()
+        data = self.complete(body)
+        latency_ms = (time.perf_counter() - started) * 1000
+        choices = sorted(data.get("choices", []), key=lambda c: c.get("index", 0))
+        proposals = [parse_proposal((c.get("message") or {}).get("content") or "", width, height) for c in choices]
+        return ProposalBatch(proposals=proposals, model=data.get("model", self.model), latency_ms=latency_ms)
