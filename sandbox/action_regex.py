@@ -41,7 +41,7 @@ def int_range(lo: int, hi: int) -> str:
 
 
 def proposal_regex(width: int, height: int, *, thought_chars: int = 80, text_chars: int = 30) -> str:
-    """`Thought: …\\nAction: <one action>` with every point inside a `width`×`height` model image."""
+    """`Thought: …\\nAction: <one action>` with every point inside a `width`x`height` model image."""
     x, y = int_range(0, width - 1), int_range(0, height - 1)
     box = rf"'<\|box_start\|>\({x},{y}\)<\|box_end\|>'"
     text = f"{_TEXT}{{1,{text_chars}}}"

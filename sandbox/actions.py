@@ -498,7 +498,7 @@ def action_points(action: Action) -> list[Point]:
 
 
 def out_of_bounds(actions: list[Action], width: int, height: int) -> list[str]:
-    """One message per point outside a `width`×`height` image (the model image the coordinates refer to)."""
+    """One message per point outside a `width`x`height` image (the model image the coordinates refer to)."""
     problems = []
     for n, action in enumerate(actions, start=1):
         for point in action_points(action):
@@ -506,6 +506,6 @@ def out_of_bounds(actions: list[Action], width: int, height: int) -> list[str]:
                 where = f"action {n} ({action.name})" if len(actions) > 1 else action.name
                 problems.append(
                     f"{where}: point ({_coordinate(point.x)},{_coordinate(point.y)}) is outside the "
-                    f"{width}×{height} screenshot (x 0–{width - 1}, y 0–{height - 1})"
+                    f"{width}x{height} screenshot (x 0-{width - 1}, y 0-{height - 1})"
                 )
     return problems

@@ -48,7 +48,7 @@ class ProposalBatch:
 
 
 def parse_proposal(raw: str, width: int, height: int) -> Proposal:
-    """Parse one model output against the grammar and the `width`×`height` model image."""
+    """Parse one model output against the grammar and the `width`x`height` model image."""
     try:
         step = parse_step(raw.strip())
     except ActionSyntaxError as exc:

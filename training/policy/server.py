@@ -193,7 +193,8 @@ def main() -> None:
     from .tiny import build_tiny_checkpoint
 
     parser = argparse.ArgumentParser(description="Serve a transformers checkpoint over the OpenAI protocol.")
-    parser.add_argument("--checkpoint", type=Path, default=Path(os.environ.get("POLICY_CHECKPOINT", DEFAULT_CHECKPOINT)))
+    default_checkpoint = Path(os.environ.get("POLICY_CHECKPOINT", DEFAULT_CHECKPOINT))
+    parser.add_argument("--checkpoint", type=Path, default=default_checkpoint)
     parser.add_argument("--name", default=os.environ.get("POLICY_MODEL_NAME"), help="served model name")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=int(os.environ.get("POLICY_PORT", "8020")))
