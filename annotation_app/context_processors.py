@@ -22,9 +22,13 @@ def navigation(request: HttpRequest) -> dict:
 
 
 def events_url(request: HttpRequest) -> str:
-    """Where the page's websocket goes: daphne's port on this host, or this origin when a proxy routes /ws/."""
+    return ws_url(request, "/ws/events/")
+
+
+def ws_url(request: HttpRequest, path: str) -> str:
+    """Where a page's websocket goes: daphne's port on this host, or this origin when a proxy routes /ws/."""
     if not settings.WS_PUBLIC_PORT:
-        return "/ws/events/"
+        return path
     scheme = "wss" if request.is_secure() else "ws"
     host, _ = split_domain_port(request.get_host())
-    return f"{scheme}://{host}:{settings.WS_PUBLIC_PORT}/ws/events/"
+    return f"{scheme}://{host}:{settings.WS_PUBLIC_PORT}{path}"

@@ -184,7 +184,20 @@ class Step(models.Model):
     action = models.JSONField(default=dict, blank=True, help_text="The parsed, typed form of action_text.")
     source = models.CharField(max_length=10, choices=Source.choices, default=Source.HUMAN)
     candidates = models.JSONField(
-        default=list, blank=True, help_text="Model proposals shown for this step and not taken: [{thought, action}]."
+        default=list,
+        blank=True,
+        help_text="Model proposals shown for this step: [{raw, thought, action_text, actions, points, error}].",
+    )
+    chosen_candidate = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="Index into candidates of the accepted proposal; empty when overridden."
+    )
+    model_version = models.ForeignKey(
+        "flywheel.ModelVersion",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="steps",
+        help_text="The model that proposed this step's candidates.",
     )
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -241,3 +254,51 @@ class Review(models.Model):
 
     def __str__(self) -> str:
         return f"{self.verdict} of trajectory {self.trajectory_id} by {self.reviewer}"
+
+
+def live_observation_path(live: LiveSession, filename: str) -> str:
+    return f"trajectories/{live.trajectory_id}/live/{filename}"
+
+
+class LiveSession(models.Model):
+    """The live side of an interactive trajectory: its sandbox lease, the screen the model sees now, and the
+    proposals for the next step. Steps themselves are stored as they happen, so nothing here is needed to keep them."""
+
+    class Status(models.TextChoices):
+        STARTING = "starting", "Starting"
+        ACTIVE = "active", "Active"
+        ENDED = "ended", "Ended"
+        FAILED = "failed", "Failed"
+
+    class Proposals(models.TextChoices):
+        NONE = "none", "None"
+        PENDING = "pending", "Pending"
+        READY = "ready", "Ready"
+        FAILED = "failed", "Failed"
+
+    trajectory = models.OneToOneField(Trajectory, on_delete=models.CASCADE, related_name="live")
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.STARTING)
+    kind = models.CharField(max_length=10, default="desktop", help_text="Sandbox kind: desktop or browser.")
+    sandbox_session_id = models.CharField(max_length=64, blank=True)
+    model_width = models.PositiveIntegerField(default=0, help_text="Size of the image the model sees.")
+    model_height = models.PositiveIntegerField(default=0)
+    observation = models.FileField(upload_to=live_observation_path, blank=True)
+    next_index = models.PositiveIntegerField(default=0)
+    proposals = models.CharField(max_length=10, choices=Proposals.choices, default=Proposals.NONE)
+    candidates = models.JSONField(default=list, blank=True)
+    proposal_error = models.TextField(blank=True)
+    proposal_latency_ms = models.PositiveIntegerField(null=True, blank=True)
+    proposals_ready_at = models.DateTimeField(null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    end_reason = models.CharField(max_length=20, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"live session of trajectory {self.trajectory_id} ({self.status})"
+
+    @property
+    def open(self) -> bool:
+        return self.status in (self.Status.STARTING, self.Status.ACTIVE)

@@ -17,7 +17,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from rest_framework.permissions import BasePermission
 
-from .models import Role, Task, Trajectory
+from .models import LiveSession, Role, Task, Trajectory
 
 
 class Capability(StrEnum):
@@ -73,6 +73,17 @@ def can_edit_trajectory(user: Any, trajectory: Trajectory) -> bool:
         can(user, Capability.ANNOTATE)
         and trajectory.annotator_id == user.pk
         and trajectory.status == Trajectory.Status.IN_PROGRESS
+    )
+
+
+def own_live_session(user: Any, trajectory_id: int) -> LiveSession | None:
+    """A live session is seen and driven only by its own annotator: nobody else may open or watch it."""
+    if not can(user, Capability.ANNOTATE):
+        return None
+    return (
+        LiveSession.objects.select_related("trajectory")
+        .filter(trajectory_id=trajectory_id, trajectory__annotator=user)
+        .first()
     )
 
 

@@ -176,7 +176,7 @@ CHANNEL_LAYERS = {
 }
 
 # Celery: one queue per workload so that a long training job never starves transcription or lease reclaim.
-CELERY_QUEUES = ("default", "asr", "flywheel", "train", "sandbox")
+CELERY_QUEUES = ("default", "asr", "flywheel", "train", "sandbox", "live")
 CELERY_BROKER_URL = f"{REDIS_URL}/{REDIS_DB_CELERY}"
 CELERY_RESULT_BACKEND = f"{REDIS_URL}/{REDIS_DB_CELERY}"
 # Each queue has its own exchange and routing key: shared defaults would copy every message into every queue.
@@ -189,6 +189,7 @@ CELERY_TASK_ROUTES = {
     "flywheel.*": {"queue": "flywheel"},
     "training.*": {"queue": "train"},
     "sandbox.*": {"queue": "sandbox"},
+    "annotation_app.live.*": {"queue": "live"},
 }
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
@@ -206,6 +207,21 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": 300.0,
     },
 }
+
+# Live interactive annotation: the sandbox service that leases desktops, the websockify bridge pages connect to, and
+# how the annotation model is asked for proposals (the model itself is the active flywheel.ModelVersion).
+SANDBOX_URL = env("SANDBOX_URL", "http://127.0.0.1:8010")
+SANDBOX_API_KEY = env("SANDBOX_API_KEY", "")
+VNC_PUBLIC_PORT = env("VNC_PUBLIC_PORT", env("VNC_PORT", "6080"))
+LIVE_LEASE_TTL_S = float(env("LIVE_LEASE_TTL_S", "900"))
+LIVE_CANDIDATES = int(env("LIVE_CANDIDATES", "4"))
+LIVE_TEMPERATURE = float(env("LIVE_TEMPERATURE", "1.0"))
+LIVE_MAX_TOKENS = int(env("LIVE_MAX_TOKENS", "256"))
+LIVE_KEEP_IMAGES = int(env("LIVE_KEEP_IMAGES", "5"))
+POLICY_API_KEY = env("POLICY_API_KEY", "")
+EMBEDDED_POLICY_URL = env("POLICY_URL", "http://127.0.0.1:8020/v1")
+POLICY_TIMEOUT_S = float(env("POLICY_TIMEOUT_S", "120"))
+POLICY_CONSTRAIN = env_bool("POLICY_CONSTRAIN", True)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

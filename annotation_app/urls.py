@@ -6,7 +6,7 @@ from django.urls import include, path
 
 from flywheel import views as flywheel_views
 
-from . import views
+from . import live_views, views
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -15,6 +15,8 @@ urlpatterns = [
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("annotate/", views.annotate, name="annotate"),
     path("annotate/next/", views.annotate_next, name="annotate-next"),
+    path("annotate/live/", live_views.live_start, name="live-start"),
+    path("live/<int:pk>/", live_views.live_page, name="live"),
     path("lead/", views.lead, name="lead"),
     path("lead/import/", views.lead_import, name="lead-import"),
     path("trajectories/<int:pk>/", views.trajectory_detail, name="trajectory"),

@@ -11,6 +11,9 @@ class ModelVersion(models.Model):
     name = models.CharField(max_length=100, unique=True)
     checkpoint_uri = models.CharField(max_length=500, help_text="Path or URI of the weights.")
     endpoint_url = models.URLField(blank=True, help_text="OpenAI-compatible base URL serving this checkpoint.")
+    served_name = models.CharField(
+        max_length=200, blank=True, help_text="Model name the endpoint serves it under (vLLM --served-model-name)."
+    )
     parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children")
     is_active = models.BooleanField(default=False, help_text="The model that proposes actions in live annotation.")
     metrics = models.JSONField(default=dict, blank=True)
@@ -26,6 +29,10 @@ class ModelVersion(models.Model):
 
     def __str__(self) -> str:
         return self.name + (" (active)" if self.is_active else "")
+
+    @property
+    def model_name(self) -> str:
+        return self.served_name or self.name
 
     @transaction.atomic
     def promote(self) -> None:

@@ -34,6 +34,9 @@ export SANDBOX_REDIS_URL="${SANDBOX_REDIS_URL:-$REDIS_URL/3}"
 export SANDBOX_NAMESPACE="${SANDBOX_NAMESPACE:-sandbox}"
 export SANDBOX_WARM="${SANDBOX_WARM:-0}"
 export VNC_PORT="${VNC_PORT:-6080}"
+# The embedded policy server (a local transformers checkpoint behind the OpenAI protocol) for live proposals.
+export POLICY_PORT="${POLICY_PORT:-8020}"
+export POLICY_URL="${POLICY_URL:-http://127.0.0.1:$POLICY_PORT/v1}"
 export WEB_THREADS="${WEB_THREADS:-2}"
 export PATH="$VENV/bin:$PATH"
 

@@ -75,10 +75,10 @@ def running(command: list[str], env: dict[str, str], log: Path, ready: Callable[
 
 
 @contextmanager
-def web_stack(tmp_path: Path) -> Iterator[str]:
+def web_stack(tmp_path: Path, *, http_port: int = 0, ws_port: int = 0, **env_extra: str) -> Iterator[str]:
     """gunicorn (HTTP) and daphne (websockets) as the Procfile runs them; yields the HTTP base URL."""
-    http_port, ws_port = free_port(), free_port()
-    env = subprocess_env(WS_PUBLIC_PORT=str(ws_port))
+    http_port, ws_port = http_port or free_port(), ws_port or free_port()
+    env = subprocess_env(**{**env_extra, "WS_PUBLIC_PORT": str(ws_port)})
     bin_dir = Path(sys.executable).parent
     gunicorn = [str(bin_dir / "gunicorn"), "annotation_app.wsgi:application", "--bind", f"127.0.0.1:{http_port}"]
     gunicorn += ["--worker-class", "gthread", "--workers", "2", "--threads", "2"]

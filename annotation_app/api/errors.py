@@ -8,6 +8,9 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from sandbox.client import SandboxError
+from training.policy.client import PolicyError
+
 from ..task_import import TaskImportError
 from ..task_queue import QueueEmpty
 from ..trajectories import Conflict, Invalid
@@ -30,6 +33,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
     if isinstance(exc, Invalid):
         return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
+    if isinstance(exc, SandboxError | PolicyError):
+        message = exc.detail if isinstance(exc, SandboxError) else str(exc)
+        return Response({"detail": f"A backing service failed: {message}"}, status=status.HTTP_503_SERVICE_UNAVAILABLE)
     if isinstance(exc, QueueEmpty):
         return Response({"detail": str(exc)}, status=status.HTTP_404_NOT_FOUND)
     response = drf_exception_handler(exc, context)

@@ -275,6 +275,7 @@ class ModelVersionSerializer(StrictSerializerMixin, serializers.ModelSerializer)
             "name",
             "checkpoint_uri",
             "endpoint_url",
+            "served_name",
             "parent",
             "is_active",
             "metrics",
@@ -282,3 +283,27 @@ class ModelVersionSerializer(StrictSerializerMixin, serializers.ModelSerializer)
             "created_at",
         ]
         read_only_fields = ["id", "is_active", "created_at"]
+
+
+class LiveStepSerializer(StrictSerializerMixin, serializers.Serializer):
+    """Accept proposal `candidate` (0-based) or override with `thought` + `action_text`; `expected_index` guards
+    against double submits."""
+
+    expected_index = serializers.IntegerField(min_value=0)
+    candidate = serializers.IntegerField(min_value=0, max_value=15, required=False, allow_null=True)
+    thought = serializers.CharField(required=False, allow_blank=True, max_length=5000, trim_whitespace=False)
+    action_text = serializers.CharField(required=False, allow_blank=True, max_length=5000, trim_whitespace=False)
+
+    def validate(self, data: dict[str, Any]) -> dict[str, Any]:
+        accepting = data.get("candidate") is not None
+        if accepting == bool(data.get("action_text", "").strip()):
+            raise serializers.ValidationError("Send either 'candidate' (accept) or 'action_text' (override).")
+        return data
+
+
+class LiveValidateSerializer(StrictSerializerMixin, serializers.Serializer):
+    action_text = serializers.CharField(allow_blank=True, max_length=5000, trim_whitespace=False)
+
+
+class LiveEndSerializer(StrictSerializerMixin, serializers.Serializer):
+    reason = serializers.ChoiceField(choices=["abandoned"], default="abandoned")

@@ -5,7 +5,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, Spec
 from rest_framework.authtoken.views import obtain_auth_token
 from rest_framework.routers import DefaultRouter
 
-from . import views
+from . import live, views
 
 router = DefaultRouter(trailing_slash=True)
 router.include_root_view = False
@@ -16,6 +16,11 @@ router.register("models", views.ModelVersionViewSet, basename="modelversion")
 urlpatterns = [
     path("", include(router.urls)),
     path("queue/next/", views.NextTaskView.as_view(), name="queue-next"),
+    path("live/<int:pk>/", live.LiveStateView.as_view(), name="live-state"),
+    path("live/<int:pk>/step/", live.LiveStepView.as_view(), name="live-step"),
+    path("live/<int:pk>/validate/", live.LiveValidateView.as_view(), name="live-validate"),
+    path("live/<int:pk>/end/", live.LiveEndView.as_view(), name="live-end"),
+    path("live/<int:pk>/vnc-token/", live.LiveVncTokenView.as_view(), name="live-vnc-token"),
     path("me/", views.WhoAmIView.as_view(), name="me"),
     path("auth/token/", obtain_auth_token, name="auth-token"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),

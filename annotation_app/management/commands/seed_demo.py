@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
@@ -78,8 +79,19 @@ class Command(BaseCommand):
             name="ui-tars-1.5-7b",
             defaults={"checkpoint_uri": "hf://ByteDance-Seed/UI-TARS-1.5-7B", "notes": "Base model of the flywheel."},
         )
-        if not ModelVersion.objects.filter(is_active=True).exists():
-            model.promote()
+        # The embedded policy server (Procfile `policy`) proposes in live annotation until a real model is promoted.
+        embedded, _ = ModelVersion.objects.get_or_create(
+            name="tiny-uitars-embedded",
+            defaults={
+                "checkpoint_uri": "var/models/tiny-uitars",
+                "endpoint_url": settings.EMBEDDED_POLICY_URL,
+                "served_name": "tiny-uitars",
+                "notes": "Random tiny Qwen2.5-VL built from a config; grammar-constrained, so every proposal parses.",
+            },
+        )
+        active = ModelVersion.objects.filter(is_active=True).first()
+        if active is None or not active.endpoint_url:
+            embedded.promote()
         if not Trajectory.objects.filter(annotator=users["annotator2"]).exists():
             assignment = next_task(users["annotator2"])
             trajectory = Trajectory.objects.create(

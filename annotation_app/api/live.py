@@ -1,0 +1,113 @@
+"""API of a live interactive session: state, accept/override a step, live validation, end, VNC token.
+
+Only the trajectory's own annotator may use these (everyone else, superusers included, gets 404): the live page
+drives them with its session cookie, scripts with a token.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.http import Http404
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import serializers, status
+from rest_framework.parsers import JSONParser
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from sandbox.actions import ActionSyntaxError, action_points, parse_actions
+
+from .. import live
+from ..models import LiveSession
+from ..permissions import Capability, allows, own_live_session
+from ..trajectories import Conflict, Invalid
+from . import serializers as s
+
+STATE = inline_serializer("LiveState", {"status": serializers.CharField(), "next_index": serializers.IntegerField()})
+VNC_TOKEN = inline_serializer("VncToken", {"token": serializers.CharField(), "port": serializers.CharField()})
+
+
+class LiveView(APIView):
+    permission_classes = [allows(Capability.ANNOTATE)]
+    parser_classes = [JSONParser]
+
+    def live(self, request: Request, pk: int) -> LiveSession:
+        session = own_live_session(request.user, pk)
+        if session is None:
+            raise Http404("No such live session.")
+        return session
+
+
+class LiveStateView(LiveView):
+    @extend_schema(responses={200: STATE})
+    def get(self, request: Request, pk: int) -> Response:
+        return Response(live.state_of(self.live(request, pk)))
+
+
+class LiveStepView(LiveView):
+    """Accept a proposal or override it; the action runs in the sandbox before the answer comes back."""
+
+    @extend_schema(request=s.LiveStepSerializer, responses={201: STATE})
+    def post(self, request: Request, pk: int) -> Response:
+        session = self.live(request, pk)
+        form = s.LiveStepSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        data = form.validated_data
+        step = live.take_step(
+            session,
+            expected_index=data["expected_index"],
+            candidate=data.get("candidate"),
+            thought=data.get("thought", ""),
+            action_text=data.get("action_text", ""),
+        )
+        session.refresh_from_db()
+        return Response({"step": live.step_json(step), "state": live.state_of(session)}, status=status.HTTP_201_CREATED)
+
+
+class LiveValidateView(LiveView):
+    """Check an action as the annotator types: the grammar and the screenshot bounds, with line and column."""
+
+    @extend_schema(request=s.LiveValidateSerializer, responses={200: STATE})
+    def post(self, request: Request, pk: int) -> Response:
+        session = self.live(request, pk)
+        form = s.LiveValidateSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        text = form.validated_data["action_text"]
+        try:
+            checked = live.check_override("", text, session.model_width, session.model_height)
+        except ActionSyntaxError as exc:
+            error = {"message": exc.message, "line": exc.line, "column": exc.column}
+            return Response({"valid": False, "errors": [error]})
+        except Invalid as exc:
+            return Response({"valid": False, "errors": [{"message": str(exc), "line": None, "column": None}]})
+        points = [[p.x, p.y] for a in parse_actions(checked.action_text) for p in action_points(a)]
+        return Response({"valid": True, "errors": [], "action_text": checked.action_text, "points": points})
+
+
+class LiveEndView(LiveView):
+    """Abandon the session: the lease is released; the steps taken so far stay stored."""
+
+    @extend_schema(request=s.LiveEndSerializer, responses={200: STATE})
+    def post(self, request: Request, pk: int) -> Response:
+        session = self.live(request, pk)
+        form = s.LiveEndSerializer(data=request.data or {})
+        form.is_valid(raise_exception=True)
+        if not session.open:
+            raise Conflict(f"This live session is already {session.get_status_display().lower()}.")
+        return Response(live.state_of(live.end_live(session, form.validated_data["reason"])))
+
+
+class LiveVncTokenView(LiveView):
+    """A websockify token to watch this session's screen; it dies with the lease."""
+
+    @extend_schema(request=None, responses={201: VNC_TOKEN})
+    def post(self, request: Request, pk: int) -> Response:
+        session = self.live(request, pk)
+        if session.status != LiveSession.Status.ACTIVE:
+            raise Conflict("The session's desktop is not running.")
+        client = live.sandbox_for(session.trajectory_id)
+        try:
+            token = client.vnc_token(session.sandbox_session_id, f"user:{request.user.pk}", settings.LIVE_LEASE_TTL_S)
+        finally:
+            client.close()
+        return Response({"token": token, "port": settings.VNC_PUBLIC_PORT}, status=status.HTTP_201_CREATED)

@@ -1,0 +1,395 @@
+"""Live interactive annotation (UI-TARS-2 report 2.4.2): the model proposes, the annotator accepts or overrides.
+
+The rules live here, callable from views, the API, Celery tasks and tests alike:
+`open_live` → (Celery) `start` leases a sandbox and runs the task setup → `propose` asks the trajectory's model for
+candidates → `take_step` runs the chosen or typed action and stores the step → … → `end_live` releases the lease.
+Every step is stored when it happens, so a closed tab or a lost connection loses nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.core.files.base import ContentFile
+from django.db import transaction
+from django.utils import timezone
+
+from flywheel.models import ModelVersion
+from sandbox.actions import ActionSyntaxError, action_to_dict, format_actions, out_of_bounds, parse_actions
+from sandbox.client import ActionError, SandboxClient, SandboxError, SessionGoneError
+from training.policy.client import PolicyClient, PolicyError
+from training.policy.prompts import Turn, build_messages
+
+from .models import LiveSession, Step, Task, Trajectory, User
+from .trajectories import Conflict, Invalid, start_trajectory, submit
+
+log = logging.getLogger(__name__)
+
+ENDING_ACTIONS = {"finished": "finished", "call_user": "call_user"}
+
+
+def group(trajectory_id: int) -> str:
+    return f"live.{trajectory_id}"
+
+
+def push(trajectory_id: int, event: str, **payload: Any) -> None:
+    """Send `{event, ...}` to the open live page of this trajectory (its owner's only)."""
+    layer = get_channel_layer()
+    if layer is not None:
+        async_to_sync(layer.group_send)(group(trajectory_id), {"type": "live.event", "event": event, **payload})
+
+
+def sandbox_for(trajectory_id: int) -> SandboxClient:
+    """The sandbox service, as the owner of this trajectory's lease."""
+    return SandboxClient(settings.SANDBOX_URL, settings.SANDBOX_API_KEY, f"trajectory:{trajectory_id}", timeout_s=300)
+
+
+def policy_for(model: ModelVersion) -> PolicyClient:
+    if not model.endpoint_url:
+        raise PolicyError(f"model {model.name!r} has no endpoint URL; register where it is served")
+    return PolicyClient(
+        model.endpoint_url,
+        model.model_name,
+        api_key=settings.POLICY_API_KEY,
+        timeout_s=settings.POLICY_TIMEOUT_S,
+        constrain=settings.POLICY_CONSTRAIN,
+    )
+
+
+# --- opening and resuming --------------------------------------------------------------------------------------------
+
+
+def open_live(annotator: User, task: Task) -> LiveSession:
+    """The open live session of this annotator on this task, or a new one (its desktop starts in a Celery task)."""
+    existing = (
+        LiveSession.objects.select_related("trajectory")
+        .filter(trajectory__annotator=annotator, trajectory__task=task, status__in=["starting", "active"])
+        .order_by("-created_at")
+        .first()
+    )
+    if existing is not None and lease_alive(existing):
+        return existing
+    model = ModelVersion.objects.filter(is_active=True).first()
+    if model is None:
+        raise Conflict("No annotation model is active yet: an ML engineer has to promote one first.")
+    kind = "browser" if task.platform == Task.Platform.BROWSER else "desktop"
+    with transaction.atomic():
+        trajectory = start_trajectory(annotator, task, Trajectory.Mode.INTERACTIVE, model_version=model)
+        live = LiveSession.objects.create(trajectory=trajectory, kind=kind)
+    from .tasks import start_live
+
+    transaction.on_commit(lambda: start_live.delay(live.pk))
+    return live
+
+
+def lease_alive(live: LiveSession) -> bool:
+    """Renew the lease of an open session; a lease that is gone ends the session (its steps stay stored)."""
+    if live.status == LiveSession.Status.STARTING:
+        return True
+    if live.status != LiveSession.Status.ACTIVE:
+        return False
+    try:
+        renew(live)
+    except SessionGoneError:
+        end_live(live, "lease_lost", release=False)
+        return False
+    return True
+
+
+def renew(live: LiveSession) -> None:
+    client = sandbox_for(live.trajectory_id)
+    try:
+        client.renew(live.sandbox_session_id, settings.LIVE_LEASE_TTL_S)
+    finally:
+        client.close()
+    expires = timezone.now() + timedelta(seconds=settings.LIVE_LEASE_TTL_S)
+    LiveSession.objects.filter(pk=live.pk).update(lease_expires_at=expires)
+
+
+def start(live_id: int) -> None:
+    """Lease the sandbox, run the task's setup, take the first screenshot, then ask for proposals (Celery)."""
+    live = LiveSession.objects.select_related("trajectory__task").filter(pk=live_id).first()
+    if live is None or live.status != LiveSession.Status.STARTING:
+        return  # a retried delivery of a session that already started
+    trajectory = live.trajectory
+    client = sandbox_for(trajectory.pk)
+    try:
+        info = client.allocate(ttl_s=settings.LIVE_LEASE_TTL_S, kind=live.kind)
+        live.sandbox_session_id = info["session_id"]
+        live.save(update_fields=["sandbox_session_id", "updated_at"])
+        if trajectory.task.config:
+            client.setup(live.sandbox_session_id, trajectory.task.config)
+        jpeg = client.observe(live.sandbox_session_id)
+    except SandboxError as exc:
+        if live.sandbox_session_id:
+            _release_quietly(client, live.sandbox_session_id)
+        fail(live, f"The sandbox could not be prepared: {exc.detail}")
+        return
+    finally:
+        client.close()
+    live.model_width, live.model_height = info["model_width"], info["model_height"]
+    live.observation.save(f"obs-{0:05d}.jpg", ContentFile(jpeg), save=False)
+    live.status = LiveSession.Status.ACTIVE
+    live.proposals = LiveSession.Proposals.PENDING
+    live.lease_expires_at = timezone.now() + timedelta(seconds=settings.LIVE_LEASE_TTL_S)
+    live.save()
+    Trajectory.objects.filter(pk=trajectory.pk).update(
+        screen_width=info["screen_width"],
+        screen_height=info["screen_height"],
+        metadata={**trajectory.metadata, "model_size": [live.model_width, live.model_height], "kind": live.kind},
+    )
+    push(trajectory.pk, "state", state=state_of(live))
+    propose(live.pk, 0)
+
+
+def fail(live: LiveSession, message: str) -> None:
+    live.status, live.error, live.ended_at = LiveSession.Status.FAILED, message, timezone.now()
+    live.save(update_fields=["status", "error", "ended_at", "updated_at"])
+    push(live.trajectory_id, "state", state=state_of(live))
+
+
+# --- proposals -------------------------------------------------------------------------------------------------------
+
+
+def history_of(trajectory: Trajectory, keep_images: int) -> list[Turn]:
+    steps = list(trajectory.steps.order_by("index"))
+    turns = []
+    for n, step in enumerate(steps):
+        image = None
+        if n >= len(steps) - (keep_images - 1) and step.screenshot:
+            with step.screenshot.open("rb") as f:
+                image = f.read()
+        turns.append(Turn(image, step.thought, step.action_text))
+    return turns
+
+
+def propose(live_id: int, index: int) -> None:
+    """Ask the trajectory's model for candidates for step `index` and push them; stale requests do nothing."""
+    related = LiveSession.objects.select_related("trajectory__task", "trajectory__model_version")
+    live = related.filter(pk=live_id).first()
+    if live is None or live.status != LiveSession.Status.ACTIVE or live.next_index != index:
+        return
+    trajectory = live.trajectory
+    with live.observation.open("rb") as f:
+        screenshot = f.read()
+    messages = build_messages(
+        trajectory.task.instruction,
+        history_of(trajectory, settings.LIVE_KEEP_IMAGES),
+        screenshot,
+        keep_images=settings.LIVE_KEEP_IMAGES,
+    )
+    model = trajectory.model_version
+    try:
+        if model is None:
+            raise PolicyError("this trajectory has no model to propose actions")
+        client = policy_for(model)
+        try:
+            batch = client.propose(
+                messages,
+                width=live.model_width,
+                height=live.model_height,
+                n=settings.LIVE_CANDIDATES,
+                temperature=settings.LIVE_TEMPERATURE,
+                max_tokens=settings.LIVE_MAX_TOKENS,
+            )
+        finally:
+            client.close()
+    except PolicyError as exc:
+        updated = LiveSession.objects.filter(pk=live.pk, next_index=index).update(
+            proposals=LiveSession.Proposals.FAILED, proposal_error=str(exc), candidates=[], updated_at=timezone.now()
+        )
+        if updated:
+            push(trajectory.pk, "proposals", index=index, candidates=[], error=str(exc))
+        return
+    candidates = [{**p.as_dict(), "model": batch.model} for p in batch.proposals]
+    ready_at = timezone.now()
+    updated = LiveSession.objects.filter(pk=live.pk, next_index=index, status=LiveSession.Status.ACTIVE).update(
+        proposals=LiveSession.Proposals.READY,
+        candidates=candidates,
+        proposal_error="",
+        proposal_latency_ms=round(batch.latency_ms),
+        proposals_ready_at=ready_at,
+        updated_at=ready_at,
+    )
+    if updated:
+        push(trajectory.pk, "proposals", index=index, candidates=candidates, error="", sent_at=ready_at.timestamp())
+
+
+def request_proposals(live: LiveSession) -> None:
+    from .tasks import propose_live
+
+    propose_live.delay(live.pk, live.next_index)
+
+
+# --- the annotator's decision ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Checked:
+    thought: str
+    action_text: str
+    actions: list[dict[str, Any]]
+
+
+def check_override(thought: str, action_text: str, width: int, height: int) -> Checked:
+    """An annotator's action against the grammar and the model image; raises ActionSyntaxError or Invalid."""
+    if len(thought) > 5000 or len(action_text) > 5000:
+        raise Invalid("Thought and action are limited to 5,000 characters each.")
+    actions = parse_actions(action_text)
+    problems = out_of_bounds(actions, width, height)
+    if problems:
+        raise Invalid("; ".join(problems))
+    return Checked(thought.strip(), format_actions(actions), [action_to_dict(a) for a in actions])
+
+
+def take_step(
+    live: LiveSession,
+    *,
+    expected_index: int,
+    candidate: int | None = None,
+    thought: str = "",
+    action_text: str = "",
+) -> Step:
+    """Run the accepted candidate (or the annotator's override) in the sandbox and store the step.
+
+    Nothing runs unless the action is valid; a double submit of the same step gets a Conflict."""
+    with transaction.atomic():
+        live = LiveSession.objects.select_for_update().select_related("trajectory").get(pk=live.pk)
+        if live.status != LiveSession.Status.ACTIVE:
+            raise Conflict(f"This live session is {live.get_status_display().lower()}; no more steps can be taken.")
+        if expected_index != live.next_index:
+            raise Conflict(f"Step {expected_index} was already taken; the session is at step {live.next_index}.")
+        if candidate is not None:
+            if live.proposals != LiveSession.Proposals.READY or not 0 <= candidate < len(live.candidates):
+                raise Invalid(f"There is no proposal {candidate + 1} to accept for this step.")
+            shown = live.candidates[candidate]
+            if shown["error"]:
+                raise Invalid(f"Proposal {candidate + 1} is invalid and cannot run: {shown['error']}")
+            checked = Checked(shown["thought"], shown["action_text"], shown["actions"])
+            source = Step.Source.MODEL
+        else:
+            try:
+                checked = check_override(thought, action_text, live.model_width, live.model_height)
+            except ActionSyntaxError as exc:
+                raise Invalid(f"The action does not parse ({exc}).") from exc
+            source = Step.Source.HUMAN
+        with live.observation.open("rb") as f:
+            before = f.read()
+        client = sandbox_for(live.trajectory_id)
+        try:
+            result = client.step(live.sandbox_session_id, checked.action_text)
+        except ActionError as exc:
+            raise Invalid(f"The sandbox refused the action: {exc.detail}") from exc
+        except SessionGoneError:
+            transaction.on_commit(lambda: end_live(live, "lease_lost", release=False))
+            raise Conflict("The sandbox session has ended (its lease expired or its desktop died).") from None
+        finally:
+            client.close()
+        now = timezone.now()
+        step = Step(
+            trajectory=live.trajectory,
+            index=live.next_index,
+            thought=checked.thought,
+            action_text=checked.action_text,
+            action={"actions": checked.actions},
+            source=source,
+            candidates=live.candidates,
+            chosen_candidate=candidate,
+            model_version_id=live.trajectory.model_version_id,
+            screenshot_sha256=hashlib.sha256(before).hexdigest(),
+            started_at=live.proposals_ready_at,
+            finished_at=now,
+            model_latency_ms=live.proposal_latency_ms,
+        )
+        step.screenshot.save("step.jpg", ContentFile(before), save=False)
+        step.save()
+        live.next_index += 1
+        if result.observation_jpeg:
+            live.observation.save(f"obs-{live.next_index:05d}.jpg", ContentFile(result.observation_jpeg), save=False)
+        live.candidates, live.proposal_error, live.proposals_ready_at = [], "", None
+        live.proposals = LiveSession.Proposals.PENDING
+        live.lease_expires_at = now + timedelta(seconds=settings.LIVE_LEASE_TTL_S)
+        live.save()
+        Trajectory.objects.filter(pk=live.trajectory_id).update(updated_at=now)
+    ending = next((ENDING_ACTIONS[a["type"]] for a in checked.actions if a["type"] in ENDING_ACTIONS), None)
+    if ending:
+        end_live(live, ending)
+    else:
+        push(live.trajectory_id, "step", step=step_json(step), state=state_of(live))
+        request_proposals(live)
+        _renew_quietly(live)
+    return step
+
+
+def end_live(live: LiveSession, reason: str, *, release: bool = True) -> LiveSession:
+    """End the session: release the lease; `finished`/`call_user` submit the trajectory for review."""
+    with transaction.atomic():
+        live = LiveSession.objects.select_for_update().select_related("trajectory").get(pk=live.pk)
+        if not live.open:
+            return live
+        live.status, live.end_reason, live.ended_at = LiveSession.Status.ENDED, reason, timezone.now()
+        live.proposals, live.candidates = LiveSession.Proposals.NONE, []
+        live.save()
+        trajectory = live.trajectory
+        trajectory.metadata = {**trajectory.metadata, "end_reason": reason}
+        trajectory.save(update_fields=["metadata", "updated_at"])
+    if release and live.sandbox_session_id:
+        client = sandbox_for(live.trajectory_id)
+        _release_quietly(client, live.sandbox_session_id)
+        client.close()
+    if reason in ENDING_ACTIONS.values() and trajectory.status == Trajectory.Status.IN_PROGRESS:
+        submit(trajectory)
+    push(live.trajectory_id, "state", state=state_of(live))
+    return live
+
+
+def _release_quietly(client: SandboxClient, session_id: str) -> None:
+    try:
+        client.release(session_id)
+    except SandboxError as exc:  # already gone: that is the state we wanted
+        log.info("release of sandbox session %s: %s", session_id, exc)
+
+
+def _renew_quietly(live: LiveSession) -> None:
+    try:
+        renew(live)
+    except SandboxError as exc:
+        log.warning("renewing the lease of live session %s failed: %s", live.pk, exc)
+
+
+# --- what the page and the API show ----------------------------------------------------------------------------------
+
+
+def step_json(step: Step) -> dict[str, Any]:
+    return {
+        "index": step.index,
+        "thought": step.thought,
+        "action_text": step.action_text,
+        "source": step.source,
+        "chosen_candidate": step.chosen_candidate,
+        "screenshot_url": step.screenshot.url if step.screenshot else "",
+    }
+
+
+def state_of(live: LiveSession) -> dict[str, Any]:
+    return {
+        "trajectory": live.trajectory_id,
+        "status": live.status,
+        "kind": live.kind,
+        "next_index": live.next_index,
+        "model_width": live.model_width,
+        "model_height": live.model_height,
+        "observation_url": live.observation.url if live.observation else "",
+        "proposals": live.proposals,
+        "candidates": live.candidates,
+        "proposal_error": live.proposal_error,
+        "error": live.error,
+        "end_reason": live.end_reason,
+    }

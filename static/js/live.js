@@ -1,0 +1,270 @@
+// The live annotation page: the sandbox screen over noVNC, the model's proposals drawn on the screenshot it saw,
+// accept (click or keys 1-9) or override (validated by the server as you type), all without a page reload.
+import RFB from "../vendor/novnc/core/rfb.js";
+
+const root = document.getElementById("live");
+const api = root.dataset.api; // /api/live/<id>/
+const $ = (id) => document.getElementById(id);
+let state = JSON.parse($("live-state").textContent);
+const templates = JSON.parse($("live-templates").textContent);
+let rfb = null;
+let busy = false;
+const early = new Map(); // proposals that arrived before the step response that moved us to their index
+// Timings the benchmark reads: accept → new screenshot shown; proposals sent by the server → drawn.
+window.liveTimings = { steps: [], proposals: [] };
+
+async function call(path, body) {
+  const response = await fetch(api + path, {
+    method: body === undefined ? "GET" : "POST",
+    headers: { "Content-Type": "application/json", "X-CSRFToken": root.dataset.csrf },
+    body: body === undefined ? undefined : JSON.stringify(body),
+    credentials: "same-origin",
+  });
+  const data = await response.json().catch(() => ({ detail: `HTTP ${response.status}` }));
+  if (!response.ok) throw new Error(data.detail || `HTTP ${response.status}`);
+  return data;
+}
+
+function showError(message) { $("live-error").textContent = message || ""; }
+
+// --- the live screen -----------------------------------------------------------------------------------------------
+
+async function connectVnc() {
+  if (rfb || state.status !== "active") return;
+  try {
+    const { token, port } = await call("vnc-token/", {});
+    const scheme = location.protocol === "https:" ? "wss" : "ws";
+    rfb = new RFB($("vnc"), `${scheme}://${location.hostname}:${port}/?token=${encodeURIComponent(token)}`);
+    rfb.viewOnly = true; // the trajectory only records actions that go through accept/override
+    rfb.scaleViewport = true;
+    rfb.addEventListener("connect", () => { $("vnc-state").textContent = "connected"; root.dataset.vnc = "connected"; });
+    rfb.addEventListener("disconnect", () => {
+      $("vnc-state").textContent = "disconnected"; root.dataset.vnc = "disconnected"; rfb = null;
+      if (state.status === "active") setTimeout(connectVnc, 2000);
+    });
+  } catch (error) {
+    $("vnc-state").textContent = "unavailable: " + error.message;
+  }
+}
+
+// --- proposals -----------------------------------------------------------------------------------------------------
+
+const SVG = "http://www.w3.org/2000/svg";
+
+function drawOverlay(points) {
+  const svg = $("overlay");
+  svg.setAttribute("viewBox", `0 0 ${state.model_width || 1} ${state.model_height || 1}`);
+  svg.replaceChildren();
+  const radius = Math.max(state.model_width, state.model_height) / 90;
+  for (const { x, y, label, invalid } of points) {
+    const g = document.createElementNS(SVG, "g");
+    g.setAttribute("class", invalid ? "mark invalid" : "mark");
+    const c = document.createElementNS(SVG, "circle");
+    c.setAttribute("cx", x); c.setAttribute("cy", y); c.setAttribute("r", radius);
+    const t = document.createElementNS(SVG, "text");
+    t.setAttribute("x", x + radius * 1.2); t.setAttribute("y", y - radius * 1.2);
+    t.setAttribute("font-size", radius * 2); t.textContent = label;
+    g.append(c, t); svg.append(g);
+  }
+}
+
+function renderCandidates() {
+  const list = $("candidates");
+  list.replaceChildren();
+  const marks = [];
+  const labels = { pending: "the model is thinking…", failed: "failed", ready: "", none: "" };
+  $("proposal-state").textContent = labels[state.proposals] || "";
+  if (state.proposals === "failed") showError("The model could not propose: " + state.proposal_error);
+  state.candidates.forEach((c, i) => {
+    const li = document.createElement("li");
+    li.className = c.error ? "candidate invalid" : "candidate";
+    li.dataset.index = i;
+    const head = document.createElement("div");
+    head.innerHTML = `<kbd>${i + 1}</kbd> `;
+    const thought = document.createElement("span");
+    thought.textContent = c.thought || "(no thought)";
+    head.append(thought);
+    const code = document.createElement("code");
+    code.textContent = c.error ? c.raw : c.action_text;
+    li.append(head, code);
+    if (c.error) {
+      const why = document.createElement("p");
+      why.className = "error-text"; why.textContent = "Invalid, never run: " + c.error;
+      li.append(why);
+    } else {
+      const accept = document.createElement("button");
+      accept.type = "button"; accept.textContent = `Accept (${i + 1})`; accept.className = "accept";
+      accept.addEventListener("click", () => acceptCandidate(i));
+      const edit = document.createElement("button");
+      edit.type = "button"; edit.textContent = "Edit"; edit.className = "secondary";
+      edit.addEventListener("click", () => {
+        $("override-thought").value = c.thought; $("override-action").value = c.action_text; validate();
+      });
+      li.append(accept, edit);
+    }
+    list.append(li);
+    (c.points || []).forEach(([x, y]) => marks.push({ x, y, label: String(i + 1), invalid: !!c.error }));
+  });
+  drawOverlay(marks);
+}
+
+function applyState(next) {
+  state = next;
+  $("live-status").textContent = state.status;
+  root.dataset.status = state.status;
+  root.dataset.nextIndex = state.next_index;
+  $("step-n").textContent = state.next_index + 1;
+  if (state.observation_url && $("shot").getAttribute("src") !== state.observation_url) {
+    $("shot").src = state.observation_url;
+  }
+  if (state.error) showError(state.error);
+  if (state.status === "ended") {
+    showError(""); $("live-status").textContent = `ended (${state.end_reason})`;
+    if (rfb) { rfb.disconnect(); }
+  }
+  if (early.has(state.next_index) && state.proposals === "pending") {
+    Object.assign(state, early.get(state.next_index)); early.delete(state.next_index);
+  }
+  renderCandidates();
+  const open = state.status === "active";
+  document.querySelectorAll("#override button, #abandon").forEach((b) => { b.disabled = !open && b.id !== "abandon"; });
+  $("abandon").disabled = !(state.status === "active" || state.status === "starting");
+  if (open) connectVnc();
+}
+
+function addStep(step) {
+  const li = document.createElement("li");
+  const code = document.createElement("code"); code.textContent = step.action_text;
+  const badge = document.createElement("span"); badge.className = "badge";
+  badge.textContent = step.source === "model" ? "Model (accepted)" : "Human";
+  const thought = document.createElement("div"); thought.className = "muted"; thought.textContent = step.thought;
+  li.append(code, " ", badge, thought);
+  $("steps").append(li);
+}
+
+// --- deciding ------------------------------------------------------------------------------------------------------
+
+async function takeStep(body) {
+  if (busy || state.status !== "active") return;
+  busy = true; showError("");
+  const started = performance.now();
+  const index = state.next_index;
+  try {
+    const { step, state: next } = await call("step/", { expected_index: index, ...body });
+    if (step.index >= $("steps").children.length) addStep(step);
+    const shown = new Promise((resolve) => {
+      if (!next.observation_url || $("shot").getAttribute("src") === next.observation_url) return resolve();
+      $("shot").addEventListener("load", resolve, { once: true });
+      $("shot").addEventListener("error", resolve, { once: true });
+    });
+    if (state.next_index <= index) applyState(next);
+    await shown;
+    window.liveTimings.steps.push({ index, ms: performance.now() - started });
+    $("override-thought").value = ""; $("override-action").value = ""; $("override-check").textContent = "";
+  } catch (error) {
+    showError(error.message);
+  } finally {
+    busy = false;
+  }
+}
+
+function acceptCandidate(i) {
+  const c = state.candidates[i];
+  if (!c || c.error) return;
+  takeStep({ candidate: i });
+}
+
+let validation = null;
+async function validate() {
+  const text = $("override-action").value;
+  const out = $("override-check");
+  if (!text.trim()) { out.textContent = ""; out.className = "check"; return null; }
+  const mine = (validation = call("validate/", { action_text: text }));
+  try {
+    const result = await mine;
+    if (mine !== validation) return null; // a newer keystroke is being checked
+    out.className = result.valid ? "check ok" : "check bad";
+    out.textContent = result.valid
+      ? "✓ " + result.action_text
+      : result.errors.map((e) => (e.column ? `column ${e.column}: ` : "") + e.message).join("; ");
+    if (result.valid) drawOverlay(result.points.map(([x, y]) => ({ x, y, label: "you" })));
+    return result;
+  } catch (error) {
+    out.className = "check bad"; out.textContent = error.message;
+    return null;
+  }
+}
+
+let timer = null;
+$("override-action").addEventListener("input", () => { clearTimeout(timer); timer = setTimeout(validate, 120); });
+$("override-action").addEventListener("keydown", (event) => {
+  if (event.key !== "Tab") return;
+  const field = event.target;
+  const typed = field.value.trim();
+  const match = templates.find((t) => typed && t.startsWith(typed) && t !== typed);
+  if (match) { event.preventDefault(); field.value = match; validate(); }
+});
+$("override").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  const result = await validate();
+  if (!result || !result.valid) { showError("Fix the action first: " + $("override-check").textContent); return; }
+  takeStep({ thought: $("override-thought").value, action_text: $("override-action").value });
+});
+
+// A click on the screenshot fills the coordinates (model-image pixels) into the action being written.
+$("shot-wrap").addEventListener("click", (event) => {
+  const img = $("shot");
+  const box = img.getBoundingClientRect();
+  const x = Math.round(((event.clientX - box.left) / box.width) * state.model_width);
+  const y = Math.round(((event.clientY - box.top) / box.height) * state.model_height);
+  const field = $("override-action");
+  if (!field.value.trim()) field.value = `click(start_box='<|box_start|>(${x},${y})<|box_end|>')`;
+  else if (field.value.includes("(x,y)")) field.value = field.value.replace("(x,y)", `(${x},${y})`);
+  else field.value = field.value.replace(/\(\s*-?\d+(\.\d+)?\s*,\s*-?\d+(\.\d+)?\s*\)/, `(${x},${y})`);
+  validate();
+});
+
+document.addEventListener("keydown", (event) => {
+  const tag = (event.target.tagName || "").toLowerCase();
+  if (tag === "input" || tag === "textarea" || event.ctrlKey || event.metaKey || event.altKey) return;
+  if (/^[1-9]$/.test(event.key)) acceptCandidate(Number(event.key) - 1);
+});
+
+$("abandon").addEventListener("click", async () => {
+  if (!confirm("Abandon this session? The steps taken so far stay stored.")) return;
+  try { applyState(await call("end/", { reason: "abandoned" })); } catch (error) { showError(error.message); }
+});
+
+// --- server push ---------------------------------------------------------------------------------------------------
+
+let delay = 1000;
+function connectEvents() {
+  const url = root.dataset.wsUrl;
+  const ws = new WebSocket(url.startsWith("ws") ? url : (location.protocol === "https:" ? "wss://" : "ws://") + location.host + url);
+  const beat = setInterval(() => ws.readyState === 1 && ws.send(JSON.stringify({ type: "heartbeat" })), 60000);
+  ws.onopen = () => { delay = 1000; root.dataset.events = "open"; };
+  ws.onmessage = (message) => {
+    const data = JSON.parse(message.data);
+    if (data.event === "state") applyState(data.state);
+    else if (data.event === "step") {
+      if (data.step.index >= $("steps").children.length) addStep(data.step);
+      if (data.state.next_index > state.next_index) applyState(data.state);
+    } else if (data.event === "proposals" && data.index > state.next_index) {
+      early.set(data.index, { candidates: data.candidates, proposals: data.error ? "failed" : "ready", proposal_error: data.error });
+    } else if (data.event === "proposals" && data.index === state.next_index) {
+      const received = Date.now();
+      state.candidates = data.candidates; state.proposals = data.error ? "failed" : "ready";
+      state.proposal_error = data.error;
+      renderCandidates();
+      window.liveTimings.proposals.push({ index: data.index, sent_at: data.sent_at, received, drawn: Date.now() });
+      root.dataset.proposalsFor = data.index;
+    }
+  };
+  ws.onclose = (event) => {
+    clearInterval(beat); root.dataset.events = "closed";
+    if (event.code !== 4401 && event.code !== 4404) setTimeout(connectEvents, (delay = Math.min(delay * 2, 30000)));
+  };
+}
+
+applyState(state);
+connectEvents();
