@@ -124,8 +124,8 @@ def start(live_id: int) -> None:
         info = client.allocate(ttl_s=settings.LIVE_LEASE_TTL_S, kind=live.kind)
         live.sandbox_session_id = info["session_id"]
         live.save(update_fields=["sandbox_session_id", "updated_at"])
-        if trajectory.task.config:
-            client.setup(live.sandbox_session_id, trajectory.task.config)
+        if trajectory.task.setup_config:
+            client.setup(live.sandbox_session_id, trajectory.task.setup_config)
         jpeg = client.observe(live.sandbox_session_id)
     except SandboxError as exc:
         if live.sandbox_session_id:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from django.conf import settings
 from django.db import connection
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,6 +31,7 @@ def subprocess_env(**extra: str) -> dict[str, str]:
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "annotation_app.settings_test",
         "DATABASE_NAME": connection.settings_dict["NAME"],
+        "TEST_MEDIA_ROOT": str(settings.MEDIA_ROOT),
         "PYTHONPATH": str(ROOT),
         **extra,
     }

@@ -53,7 +53,7 @@ class LiveServices:
     def env(self) -> dict[str, str]:
         return {
             "SANDBOX_URL": self.sandbox_url, "SANDBOX_API_KEY": API_KEY, "VNC_PUBLIC_PORT": str(self.vnc_port),
-            "WS_PUBLIC_PORT": str(self.ws_port),
+            "WS_PUBLIC_PORT": str(self.ws_port), "LIVE_CANDIDATES": "3", "LIVE_MAX_TOKENS": "200",
         }  # fmt: skip
 
 

@@ -1,0 +1,157 @@
+"""A live session through the real services: sandbox desktop, embedded policy server, a Celery worker on `live`.
+
+Domain functions are called directly here; the page and the browser are covered by test_live_browser.py."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.db import connection
+from django.urls import reverse
+
+from annotation_app import live
+from annotation_app.consumers import LiveConsumer
+from annotation_app.models import LiveSession, Role, Step, Trajectory
+from annotation_app.task_queue import next_task
+from annotation_app.trajectories import Conflict, Invalid
+from sandbox.client import SessionGoneError
+
+from ..conftest import api_client_for
+from ..factories import TaskFactory
+from ..waiting import wait_for
+from .conftest import needs_desktop
+
+pytestmark = [needs_desktop, pytest.mark.slow]
+
+
+def proposals_ready(session: LiveSession, index: int) -> bool:
+    session.refresh_from_db()
+    return session.next_index == index and session.proposals in ("ready", "failed")
+
+
+@pytest.fixture
+def started(live_worker, embedded_model, make_user):
+    """An annotator's live session on a desktop task, started by the worker, with its first proposals ready."""
+    annotator = make_user(Role.ANNOTATOR)
+    task = TaskFactory(instruction="Open a terminal and type hello.", setup_config=[{"type": "launch", "parameters": {"command": ["xterm"]}}])
+    next_task(annotator)
+    session = live.open_live(annotator, task)
+    assert wait_for(lambda: proposals_ready(session, 0), timeout=90), live_worker.read_text()[-3000:]
+    yield annotator, session
+    if session.open:
+        live.end_live(session, "abandoned")
+
+
+def test_accept_override_finish_stores_the_on_policy_trajectory(started):
+    annotator, session = started
+    assert session.status == "active" and session.proposals == "ready", session.proposal_error
+    assert session.model_width > 0 and session.observation and len(session.candidates) == 3
+    assert all(c["model"] == "tiny-uitars" and not c["error"] for c in session.candidates)
+    assert live.open_live(annotator, session.trajectory.task).pk == session.pk  # reopening resumes
+
+    choice = next(i for i, c in enumerate(session.candidates) if c["actions"][0]["type"] != "finished")
+    first_screen = session.observation.read()
+    step = live.take_step(session, expected_index=0, candidate=choice)
+    assert step.source == Step.Source.MODEL and step.chosen_candidate == choice
+    assert step.action_text == session.candidates[choice]["action_text"] and len(step.candidates) == 3
+    assert step.screenshot_sha256 == hashlib.sha256(first_screen).hexdigest() == hashlib.sha256(
+        step.screenshot.read()
+    ).hexdigest()
+    assert step.model_version_id == session.trajectory.model_version_id and step.finished_at
+
+    with pytest.raises(Conflict, match="already taken"):  # a double click on the same proposal
+        live.take_step(session, expected_index=0, candidate=choice)
+    assert wait_for(lambda: proposals_ready(session, 1), timeout=60)
+
+    typed = live.take_step(session, expected_index=1, thought="Type the word.", action_text="type(content='hello')")
+    assert typed.source == Step.Source.HUMAN and typed.chosen_candidate is None
+    assert typed.action == {"actions": [{"type": "type", "content": "hello"}]} and typed.thought == "Type the word."
+
+    live.take_step(session, expected_index=2, thought="Done.", action_text="finished(content='typed hello')")
+    session.refresh_from_db()
+    trajectory = Trajectory.objects.get(pk=session.trajectory_id)
+    assert session.status == "ended" and session.end_reason == "finished"
+    assert trajectory.status == Trajectory.Status.SUBMITTED and trajectory.mode == Trajectory.Mode.INTERACTIVE
+    assert [s.source for s in trajectory.steps.order_by("index")] == ["model", "human", "human"]
+    with pytest.raises(SessionGoneError):  # the lease was released
+        live.sandbox_for(session.trajectory_id).renew(session.sandbox_session_id)
+
+
+def test_invalid_overrides_are_rejected_and_nothing_runs(started):
+    _, session = started
+    before = session.observation.read()
+    cases = [
+        ("click(start_box='(5,5)'", "does not parse"),  # unbalanced
+        ("click(start_box='<|box_start|>(99999,5)<|box_end|>')", "outside the"),
+        ("fly(to='moon')", "does not parse"),
+        ("type(content='it's')", "does not parse"),  # unbalanced quotes
+    ]
+    for action_text, message in cases:
+        with pytest.raises(Invalid, match=message):
+            live.take_step(session, expected_index=0, thought="", action_text=action_text)
+    session.refresh_from_db()
+    assert session.next_index == 0 and not Step.objects.filter(trajectory=session.trajectory).exists()
+    assert session.observation.read() == before
+    response = api_client_for(session.trajectory.annotator).post(
+        reverse("live-step", args=[session.trajectory_id]),
+        {"expected_index": 0, "action_text": "click(start_box='(1,1)'"},
+        format="json",
+    )
+    assert response.status_code == 400 and "does not parse" in response.json()["detail"]
+    with pytest.raises(Invalid, match="no proposal 9"):
+        live.take_step(session, expected_index=0, candidate=8)
+
+
+def test_the_api_validates_as_you_type_and_only_the_owner_gets_in(started, make_user):
+    annotator, session = started
+    url = reverse("live-validate", args=[session.trajectory_id])
+    ok = api_client_for(annotator).post(url, {"action_text": "click(start_box='(10,20)')"}, format="json").json()
+    assert ok == {"valid": True, "errors": [], "action_text": "click(start_box='<|box_start|>(10,20)<|box_end|>')",
+                  "points": [[10, 20]]}  # fmt: skip
+    bad = api_client_for(annotator).post(url, {"action_text": "click(start_box='(1,2)"}, format="json").json()
+    assert not bad["valid"] and bad["errors"][0]["column"] >= 1
+    token = api_client_for(annotator).post(reverse("live-vnc-token", args=[session.trajectory_id]))
+    assert token.status_code == 201 and token.json()["token"]
+
+    other = make_user(Role.ANNOTATOR)
+    for name, method in [("live-state", "get"), ("live-step", "post"), ("live-validate", "post"),
+                         ("live-end", "post"), ("live-vnc-token", "post")]:  # fmt: skip
+        response = getattr(api_client_for(other), method)(reverse(name, args=[session.trajectory_id]), {}, format="json")
+        assert response.status_code == 404, name
+    client = api_client_for(other)
+    client.force_login(other)
+    assert client.get(reverse("live", args=[session.trajectory_id])).status_code == 404
+
+
+@pytest.mark.asyncio
+@pytest.mark.django_db(transaction=True)
+async def test_only_the_owner_can_watch_over_the_websocket(make_user, embedded_model):
+    owner, other = await sync_to_async(make_user)(Role.ANNOTATOR), await sync_to_async(make_user)(Role.ANNOTATOR)
+    task = await sync_to_async(TaskFactory)()
+    trajectory = await Trajectory.objects.acreate(task=task, annotator=owner, mode="interactive")
+    await LiveSession.objects.acreate(trajectory=trajectory, status="active", model_width=10, model_height=10)
+    path = f"/ws/live/{trajectory.pk}/"
+    watcher = WebsocketCommunicator(LiveConsumer.as_asgi(), path)
+    watcher.scope.update(user=other, url_route={"kwargs": {"pk": trajectory.pk}})
+    connected, code = await watcher.connect()
+    assert not connected and code == 4404
+    mine = WebsocketCommunicator(LiveConsumer.as_asgi(), path)
+    mine.scope.update(user=owner, url_route={"kwargs": {"pk": trajectory.pk}})
+    assert (await mine.connect())[0]
+    first = await mine.receive_json_from(timeout=5)
+    assert first["event"] == "state" and first["state"]["status"] == "active"
+    await sync_to_async(live.push)(trajectory.pk, "proposals", index=0, candidates=[], error="x")
+    assert (await mine.receive_json_from(timeout=5))["event"] == "proposals"
+    await mine.disconnect()
+    await sync_to_async(lambda: connection.close())()
+
+
+def test_no_active_model_is_a_clear_conflict(db, make_user):
+    annotator = make_user(Role.ANNOTATOR)
+    task = TaskFactory()
+    next_task(annotator)
+    with pytest.raises(Conflict, match="No annotation model is active"):
+        live.open_live(annotator, task)
