@@ -36,7 +36,8 @@ def proposals_ready(session: LiveSession, index: int) -> bool:
 def started(live_worker, embedded_model, make_user):
     """An annotator's live session on a desktop task, started by the worker, with its first proposals ready."""
     annotator = make_user(Role.ANNOTATOR)
-    task = TaskFactory(instruction="Open a terminal and type hello.", setup_config=[{"type": "launch", "parameters": {"command": ["xterm"]}}])
+    setup = [{"type": "launch", "parameters": {"command": ["xterm"]}}]
+    task = TaskFactory(instruction="Open a terminal and type hello.", setup_config=setup)
     next_task(annotator)
     session = live.open_live(annotator, task)
     assert wait_for(lambda: proposals_ready(session, 0), timeout=90), live_worker.read_text()[-3000:]
@@ -57,9 +58,11 @@ def test_accept_override_finish_stores_the_on_policy_trajectory(started):
     step = live.take_step(session, expected_index=0, candidate=choice)
     assert step.source == Step.Source.MODEL and step.chosen_candidate == choice
     assert step.action_text == session.candidates[choice]["action_text"] and len(step.candidates) == 3
-    assert step.screenshot_sha256 == hashlib.sha256(first_screen).hexdigest() == hashlib.sha256(
-        step.screenshot.read()
-    ).hexdigest()
+    assert (
+        step.screenshot_sha256
+        == hashlib.sha256(first_screen).hexdigest()
+        == hashlib.sha256(step.screenshot.read()).hexdigest()
+    )
     assert step.model_version_id == session.trajectory.model_version_id and step.finished_at
 
     with pytest.raises(Conflict, match="already taken"):  # a double click on the same proposal
@@ -119,7 +122,8 @@ def test_the_api_validates_as_you_type_and_only_the_owner_gets_in(started, make_
     other = make_user(Role.ANNOTATOR)
     for name, method in [("live-state", "get"), ("live-step", "post"), ("live-validate", "post"),
                          ("live-end", "post"), ("live-vnc-token", "post")]:  # fmt: skip
-        response = getattr(api_client_for(other), method)(reverse(name, args=[session.trajectory_id]), {}, format="json")
+        url = reverse(name, args=[session.trajectory_id])
+        response = getattr(api_client_for(other), method)(url, {}, format="json")
         assert response.status_code == 404, name
     client = api_client_for(other)
     client.force_login(other)
