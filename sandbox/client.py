@@ -58,7 +58,10 @@ class SandboxClient:
         self.http.close()
 
     def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        response = self.http.request(method, path, **kwargs)
+        try:
+            response = self.http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise SandboxError("unreachable", 503, f"the sandbox service did not answer: {exc}") from exc
         if response.status_code >= 400:
             try:
                 body = response.json()

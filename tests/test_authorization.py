@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
-from annotation_app.models import Task, Trajectory
+from annotation_app.models import LiveSession, Task, Trajectory
 
 from .conftest import ROLES, api_client_for
 from .factories import ModelVersionFactory, StepFactory, TaskFactory, TrajectoryFactory
@@ -25,6 +25,14 @@ MATRIX: list[tuple[str, str, str, set[str]]] = [
     ("logout", "post", "public", PUBLIC),
     ("annotate", "get", "page", {A, S}),
     ("annotate-next", "post", "page", {A, S}),
+    ("live-start", "post", "page", {A, S}),
+    # A live session is opened, watched and driven by its own annotator only (see tests/live/).
+    ("live", "get", "page", set()),
+    ("live-state", "get", "api", set()),
+    ("live-step", "post", "api", set()),
+    ("live-validate", "post", "api", set()),
+    ("live-end", "post", "api", set()),
+    ("live-vnc-token", "post", "api", set()),
     ("lead", "get", "page", {L, S}),
     ("lead-import", "post", "page", {L, S}),
     ("trajectory", "get", "page", EVERYONE),  # annotators: their own trajectories only (tested below)
@@ -83,6 +91,9 @@ def objects(db):
     trajectory = TrajectoryFactory(task=task, status=Trajectory.Status.SUBMITTED)
     step = StepFactory(trajectory=trajectory, index=0)
     step.screenshot.save("s.png", __import__("io").BytesIO(b"\x89PNG\r\n\x1a\n" + b"0" * 32), save=True)
+    LiveSession.objects.create(
+        trajectory=trajectory, status=LiveSession.Status.ACTIVE, model_width=100, model_height=80
+    )
     return {"task": task, "trajectory": trajectory, "model": ModelVersionFactory(), "step": step}
 
 
@@ -95,6 +106,8 @@ def _url(name: str, objects) -> str:
         return reverse(name, args=[objects["model"].pk])
     if name == "flywheel-promote":
         return reverse(name, args=[objects["model"].pk])
+    if name.startswith("live") and name != "live-start":
+        return reverse(name, args=[objects["trajectory"].pk])
     if name == "media":
         return objects["step"].screenshot.url
     return reverse(name)
@@ -162,6 +175,34 @@ def test_owner_annotator_may_change_an_in_progress_trajectory(name, make_user):
     trajectory.status = Trajectory.Status.SUBMITTED
     trajectory.save()
     assert api_client_for(owner).post(reverse(name, args=[trajectory.pk]), {}).status_code == 403
+
+
+@pytest.mark.parametrize(
+    ("name", "method", "body", "expected"),
+    [
+        ("live", "get", None, 200),
+        ("live-state", "get", None, 200),
+        ("live-validate", "post", {"action_text": "wait()"}, 200),
+        ("live-step", "post", {}, 400),
+        ("live-vnc-token", "post", {}, 503),  # past the permission check; no sandbox service runs in this test
+        ("live-end", "post", {}, 200),
+    ],
+)
+def test_the_owner_gets_into_their_live_session(name, method, body, expected, make_user, settings):
+    settings.SANDBOX_URL = "http://127.0.0.1:9"  # nothing listens: errors must come back as clear 503s
+    owner = make_user("annotator")
+    trajectory = TrajectoryFactory(annotator=owner, mode=Trajectory.Mode.INTERACTIVE)
+    LiveSession.objects.create(
+        trajectory=trajectory, status=LiveSession.Status.ACTIVE, model_width=100, model_height=80
+    )
+    client = api_client_for(owner)
+    client.force_login(owner)
+    response = getattr(client, method)(
+        reverse(name, args=[trajectory.pk]), body, format="json" if body is not None else None
+    )
+    assert response.status_code == expected, response.content[:300]
+    if expected == 503:
+        assert "did not answer" in response.json()["detail"]
 
 
 def _admin_models():

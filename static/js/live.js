@@ -21,7 +21,10 @@ async function call(path, body) {
     credentials: "same-origin",
   });
   const data = await response.json().catch(() => ({ detail: `HTTP ${response.status}` }));
-  if (!response.ok) throw new Error(data.detail || `HTTP ${response.status}`);
+  if (!response.ok) {
+    const details = data.errors ? " " + JSON.stringify(data.errors) : "";
+    throw new Error((data.detail || `HTTP ${response.status}`) + details);
+  }
   return data;
 }
 
@@ -157,10 +160,14 @@ async function takeStep(body) {
       $("shot").addEventListener("load", resolve, { once: true });
       $("shot").addEventListener("error", resolve, { once: true });
     });
+    // The override ran: clear the editor, unless the annotator already started on the next action (the step's
+    // websocket event can arrive before this response).
+    if (body.action_text !== undefined && $("override-action").value === body.action_text) {
+      $("override-thought").value = ""; $("override-action").value = ""; $("override-check").textContent = "";
+    }
     if (state.next_index <= index) applyState(next);
     await shown;
     window.liveTimings.steps.push({ index, ms: performance.now() - started });
-    $("override-thought").value = ""; $("override-action").value = ""; $("override-check").textContent = "";
   } catch (error) {
     showError(error.message);
   } finally {

@@ -1,0 +1,100 @@
+"""End to end in real Chromium: open a task live, watch the VNC canvas, accept a proposal, override one, finish."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.db import connection
+from playwright.sync_api import expect, sync_playwright
+
+from annotation_app.models import LiveSession, Role, Trajectory
+from annotation_app.task_queue import next_task
+
+from ..factories import TaskFactory, UserFactory
+from ..test_browser import CHROMIUM_ARGS, _log_in
+from .conftest import needs_desktop
+
+pytestmark = [needs_desktop, pytest.mark.slow]
+
+
+@pytest.fixture
+def chromium(live_web, monkeypatch):
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's sync API keeps a loop on this thread
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        errors: list[str] = []
+
+        def new_page():
+            page = browser.new_context(base_url=live_web).new_page()
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            return page
+
+        yield new_page
+        browser.close()
+        connection.close()
+        assert not errors, f"JavaScript errors: {errors}"
+
+
+def test_an_annotator_accepts_overrides_and_finishes_in_the_browser(chromium, embedded_model):
+    annotator = UserFactory(username="live1", role=Role.ANNOTATOR)
+    setup = [{"type": "launch", "parameters": {"command": ["xterm"]}}]
+    TaskFactory(instruction="Type hello in a terminal.", setup_config=setup)
+    next_task(annotator)
+
+    page = chromium()
+    _log_in(page, "live1")
+    page.click("#annotate-live")
+    expect(page).to_have_url(re.compile(r"/live/\d+/$"))
+    live = page.locator("#live")
+    expect(live).to_have_attribute("data-vnc", "connected", timeout=60_000)
+    expect(page.locator("#vnc canvas")).to_be_visible()
+
+    # Proposals arrive over the websocket and are drawn on the screenshot the model saw.
+    expect(page.locator("#candidates .candidate")).to_have_count(3, timeout=90_000)
+    shown = LiveSession.objects.get(trajectory__annotator=annotator).candidates
+    expect(page.locator("#overlay .mark")).to_have_count(sum(len(c["points"]) for c in shown))
+    codes = page.locator("#candidates .candidate code").all_inner_texts()
+    choice = next(i for i, code in enumerate(codes) if not code.startswith(("finished", "wait")))
+    page.keyboard.press(str(choice + 1))
+    expect(live).to_have_attribute("data-next-index", "1", timeout=30_000)
+    expect(page.locator("#steps li")).to_have_count(1)
+
+    # An invalid override is flagged as it is typed and never runs.
+    page.fill("#override-action", "click(start_box='(5,5)'")
+    expect(page.locator("#override-check")).to_have_class("check bad")
+    page.click("#override-run")
+    expect(page.locator("#live-error")).to_contain_text("Fix the action first")
+    expect(live).to_have_attribute("data-next-index", "1")
+
+    # A click on the screenshot fills the coordinates; then the annotator types their own action.
+    page.fill("#override-action", "")
+    page.locator("#shot").click(position={"x": 20, "y": 20})
+    expect(page.locator("#override-action")).to_have_value(re.compile(r"^click\(start_box="))
+    expect(page.locator("#override-check")).to_have_class("check ok")
+    page.fill("#override-thought", "Type the greeting.")
+    page.fill("#override-action", "type(content='hello')")
+    expect(page.locator("#override-check")).to_have_class("check ok")
+    page.click("#override-run")
+    expect(live).to_have_attribute("data-next-index", "2", timeout=30_000)
+
+    page.fill("#override-action", "finished(content='typed hello')")
+    expect(page.locator("#override-check")).to_have_class("check ok")
+    page.click("#override-run")
+    expect(page.locator("#live-error")).to_have_text("")
+    expect(live).to_have_attribute("data-status", "ended", timeout=30_000)
+
+    trajectory = Trajectory.objects.get(annotator=annotator)
+    steps = list(trajectory.steps.order_by("index"))
+    assert trajectory.status == Trajectory.Status.SUBMITTED and trajectory.mode == Trajectory.Mode.INTERACTIVE
+    assert [s.source for s in steps] == ["model", "human", "human"]
+    assert steps[0].chosen_candidate == choice and len(steps[0].candidates) == 3
+    assert steps[1].action_text == "type(content='hello')" and steps[1].thought == "Type the greeting."
+    assert all(s.screenshot and s.screenshot_sha256 for s in steps)
+    assert LiveSession.objects.get(trajectory=trajectory).end_reason == "finished"
+
+    # Another annotator can neither open the page nor get a VNC token.
+    UserFactory(username="live2", role=Role.ANNOTATOR)
+    other = chromium()
+    _log_in(other, "live2")
+    assert other.goto(f"/live/{trajectory.pk}/").status == 404
