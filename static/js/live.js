@@ -189,7 +189,7 @@ async function validate() {
   const mine = (validation = call("validate/", { action_text: text }));
   try {
     const result = await mine;
-    if (mine !== validation) return null; // a newer keystroke is being checked
+    if (mine !== validation) return result; // a newer keystroke is being checked: leave the display to it
     out.className = result.valid ? "check ok" : "check bad";
     out.textContent = result.valid
       ? "✓ " + result.action_text
@@ -203,7 +203,10 @@ async function validate() {
 }
 
 let timer = null;
-$("override-action").addEventListener("input", () => { clearTimeout(timer); timer = setTimeout(validate, 120); });
+$("override-action").addEventListener("input", () => {
+  $("override-check").className = "check"; $("override-check").textContent = "checking…"; // never a stale verdict
+  clearTimeout(timer); timer = setTimeout(validate, 120);
+});
 $("override-action").addEventListener("keydown", (event) => {
   if (event.key !== "Tab") return;
   const field = event.target;
