@@ -179,6 +179,8 @@ def propose(live_id: int, index: int) -> None:
     if live is None or live.status != LiveSession.Status.ACTIVE or live.next_index != index:
         return
     trajectory = live.trajectory
+    if index > 0:
+        _renew_quietly(live)
     with live.observation.open("rb") as f:
         screenshot = f.read()
     messages = build_messages(
@@ -325,8 +327,7 @@ def take_step(
         end_live(live, ending)
     else:
         push(live.trajectory_id, "step", step=step_json(step), state=state_of(live))
-        request_proposals(live)
-        _renew_quietly(live)
+        request_proposals(live)  # the worker also renews the lease, off the annotator's path
     return step
 
 

@@ -28,6 +28,7 @@ MATRIX: list[tuple[str, str, str, set[str]]] = [
     ("live-start", "post", "page", {A, S}),
     # A live session is opened, watched and driven by its own annotator only (see tests/live/).
     ("live", "get", "page", set()),
+    ("live-open", "post", "api", {A, S}),
     ("live-state", "get", "api", set()),
     ("live-step", "post", "api", set()),
     ("live-validate", "post", "api", set()),
@@ -106,7 +107,7 @@ def _url(name: str, objects) -> str:
         return reverse(name, args=[objects["model"].pk])
     if name == "flywheel-promote":
         return reverse(name, args=[objects["model"].pk])
-    if name.startswith("live") and name != "live-start":
+    if name.startswith("live") and name not in {"live-start", "live-open"}:
         return reverse(name, args=[objects["trajectory"].pk])
     if name == "media":
         return objects["step"].screenshot.url

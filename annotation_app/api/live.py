@@ -17,7 +17,7 @@ from rest_framework.views import APIView
 
 from sandbox.actions import ActionSyntaxError, action_points, parse_actions
 
-from .. import live
+from .. import live, task_queue
 from ..models import LiveSession
 from ..permissions import Capability, allows, own_live_session
 from ..trajectories import Conflict, Invalid
@@ -36,6 +36,20 @@ class LiveView(APIView):
         if session is None:
             raise Http404("No such live session.")
         return session
+
+
+class LiveOpenView(APIView):
+    """Open (or resume) the caller's current task live; the desktop starts in the background (status "starting")."""
+
+    permission_classes = [allows(Capability.ANNOTATE)]
+
+    @extend_schema(request=None, responses={201: STATE})
+    def post(self, request: Request) -> Response:
+        assignment = task_queue.current_assignment(request.user)
+        if assignment is None:
+            raise Conflict("You hold no task: take one from the queue first (POST /api/queue/next/).")
+        session = live.open_live(request.user, assignment.task)
+        return Response(live.state_of(session), status=status.HTTP_201_CREATED)
 
 
 class LiveStateView(LiveView):
@@ -103,6 +117,8 @@ class LiveVncTokenView(LiveView):
     @extend_schema(request=None, responses={201: VNC_TOKEN})
     def post(self, request: Request, pk: int) -> Response:
         session = self.live(request, pk)
+        if session.kind != "desktop":
+            raise Conflict("A browser sandbox has no VNC screen: its live screen is the latest screenshot.")
         if session.status != LiveSession.Status.ACTIVE:
             raise Conflict("The session's desktop is not running.")
         client = live.sandbox_for(session.trajectory_id)

@@ -16,6 +16,7 @@ router.register("models", views.ModelVersionViewSet, basename="modelversion")
 urlpatterns = [
     path("", include(router.urls)),
     path("queue/next/", views.NextTaskView.as_view(), name="queue-next"),
+    path("live/", live.LiveOpenView.as_view(), name="live-open"),
     path("live/<int:pk>/", live.LiveStateView.as_view(), name="live-state"),
     path("live/<int:pk>/step/", live.LiveStepView.as_view(), name="live-step"),
     path("live/<int:pk>/validate/", live.LiveValidateView.as_view(), name="live-validate"),

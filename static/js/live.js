@@ -34,6 +34,11 @@ function showError(message) { $("live-error").textContent = message || ""; }
 
 async function connectVnc() {
   if (rfb || state.status !== "active") return;
+  if (state.kind !== "desktop") { // a browser sandbox is one headless page: its screenshots are the live screen
+    $("vnc-state").textContent = "browser sandbox: the screenshot beside is the live screen";
+    $("vnc").hidden = true; root.dataset.vnc = "none";
+    return;
+  }
   try {
     const { token, port } = await call("vnc-token/", {});
     const scheme = location.protocol === "https:" ? "wss" : "ws";
@@ -154,6 +159,7 @@ async function takeStep(body) {
   const index = state.next_index;
   try {
     const { step, state: next } = await call("step/", { expected_index: index, ...body });
+    const answered = performance.now() - started;
     if (step.index >= $("steps").children.length) addStep(step);
     const shown = new Promise((resolve) => {
       if (!next.observation_url || $("shot").getAttribute("src") === next.observation_url) return resolve();
@@ -167,7 +173,7 @@ async function takeStep(body) {
     }
     if (state.next_index <= index) applyState(next);
     await shown;
-    window.liveTimings.steps.push({ index, ms: performance.now() - started });
+    window.liveTimings.steps.push({ index, ms: performance.now() - started, answered_ms: answered });
   } catch (error) {
     showError(error.message);
   } finally {

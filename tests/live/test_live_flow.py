@@ -159,3 +159,22 @@ def test_no_active_model_is_a_clear_conflict(db, make_user):
     next_task(annotator)
     with pytest.raises(Conflict, match="No annotation model is active"):
         live.open_live(annotator, task)
+
+
+def test_opening_live_over_the_api_needs_a_task_and_a_model(db, make_user):
+    annotator = make_user(Role.ANNOTATOR)
+    client = api_client_for(annotator)
+    response = client.post(reverse("live-open"))
+    assert response.status_code == 409 and "take one from the queue" in response.json()["detail"]
+    TaskFactory()
+    next_task(annotator)
+    response = client.post(reverse("live-open"))
+    assert response.status_code == 409 and "No annotation model is active" in response.json()["detail"]
+
+
+def test_browser_sessions_have_no_vnc_token_but_a_clear_answer(db, make_user):
+    owner = make_user(Role.ANNOTATOR)
+    trajectory = Trajectory.objects.create(task=TaskFactory(platform="browser"), annotator=owner, mode="interactive")
+    LiveSession.objects.create(trajectory=trajectory, status="active", kind="browser", model_width=10, model_height=10)
+    response = api_client_for(owner).post(reverse("live-vnc-token", args=[trajectory.pk]))
+    assert response.status_code == 409 and "no VNC screen" in response.json()["detail"]
