@@ -3,7 +3,7 @@
 from django.contrib import admin
 from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
 
-from .models import Assignment, Recording, Review, Step, Task, Trajectory, User
+from .models import Assignment, LiveSession, Recording, Review, Step, Task, Trajectory, User
 
 
 @admin.register(User)
@@ -76,3 +76,12 @@ class ReviewAdmin(admin.ModelAdmin):
     list_display = ("id", "trajectory", "reviewer", "verdict", "score", "created_at")
     list_filter = ("verdict",)
     raw_id_fields = ("trajectory", "reviewer")
+
+
+@admin.register(LiveSession)
+class LiveSessionAdmin(admin.ModelAdmin):
+    """Operators look here for stuck or failed live sessions; the state itself is changed by annotation_app.live."""
+
+    list_display = ("trajectory", "status", "kind", "next_index", "proposals", "end_reason", "updated_at")
+    list_filter = ("status", "kind", "proposals")
+    readonly_fields = [f.name for f in LiveSession._meta.fields]

@@ -204,9 +204,12 @@ def concurrent(sessions: int, duration: float) -> dict[str, float]:
 
 
 def cleanup() -> None:
-    from annotation_app.models import Trajectory
+    from annotation_app import live
+    from annotation_app.models import LiveSession, Trajectory
 
     users = User.objects.filter(username__startswith="bench-live-")
+    for session in LiveSession.objects.filter(trajectory__annotator__in=users, status__in=["starting", "active"]):
+        live.end_live(session, "abandoned")  # releases the sandbox lease
     Trajectory.objects.filter(annotator__in=users).delete()
     Task.objects.filter(instruction__startswith="Bench task for bench-live-").delete()
     users.delete()

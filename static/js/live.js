@@ -134,6 +134,7 @@ function applyState(next) {
     Object.assign(state, early.get(state.next_index)); early.delete(state.next_index);
   }
   renderCandidates();
+  if (state.proposals === "ready" || state.proposals === "failed") root.dataset.proposalsFor = state.next_index;
   const open = state.status === "active";
   document.querySelectorAll("#override button, #abandon").forEach((b) => { b.disabled = !open && b.id !== "abandon"; });
   $("abandon").disabled = !(state.status === "active" || state.status === "starting");

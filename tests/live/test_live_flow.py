@@ -178,3 +178,21 @@ def test_browser_sessions_have_no_vnc_token_but_a_clear_answer(db, make_user):
     LiveSession.objects.create(trajectory=trajectory, status="active", kind="browser", model_width=10, model_height=10)
     response = api_client_for(owner).post(reverse("live-vnc-token", args=[trajectory.pk]))
     assert response.status_code == 409 and "no VNC screen" in response.json()["detail"]
+
+
+def test_promoting_another_model_changes_new_sessions_only(db, make_user, settings):
+    from flywheel.models import ModelVersion
+
+    first = ModelVersion.objects.create(name="m1", checkpoint_uri="a", endpoint_url="http://127.0.0.1:9/v1")
+    first.promote()
+    annotator = make_user(Role.ANNOTATOR)
+    TaskFactory(importance=2), TaskFactory(importance=1)
+    next_task(annotator)
+    before = live.open_live(annotator, annotator.assignments.get(status="active").task)
+    second = ModelVersion.objects.create(name="m2", checkpoint_uri="b", endpoint_url="http://127.0.0.1:9/v1")
+    second.promote()  # no restart: the next session asks the new model
+    next_task(annotator, skip_current=True)
+    after = live.open_live(annotator, annotator.assignments.get(status="active").task)
+    assert before.trajectory.model_version == first and after.trajectory.model_version == second
+    before.trajectory.refresh_from_db()
+    assert before.trajectory.model_version == first  # each trajectory keeps the model it was collected with
