@@ -98,3 +98,22 @@ def test_pages_open_their_websocket_on_daphne(client, demo, settings):
     assert 'data-events-url="ws://testserver:8001/ws/events/"' in client.get(reverse("lead")).content.decode()
     settings.WS_PUBLIC_PORT = ""  # behind a proxy that routes /ws/ to daphne
     assert 'data-events-url="/ws/events/"' in client.get(reverse("lead")).content.decode()
+
+
+def test_trajectory_page_shows_the_proposals_of_each_live_step(client, lead):
+    from .factories import StepFactory, TrajectoryFactory
+
+    trajectory = TrajectoryFactory(mode=Trajectory.Mode.INTERACTIVE, status=Trajectory.Status.SUBMITTED)
+    shown = [
+        {"raw": "Thought: x\nAction: fly()", "thought": "", "action_text": "", "actions": [], "points": [],
+         "error": "does not parse: unknown action 'fly'"},
+        {"raw": "", "thought": "Open it", "action_text": "click(start_box='(1,2)')", "actions": [], "points": [[1, 2]],
+         "error": ""},
+    ]  # fmt: skip
+    StepFactory(trajectory=trajectory, index=0, candidates=shown, chosen_candidate=1, model_latency_ms=812)
+    StepFactory(trajectory=trajectory, index=1, candidates=shown, chosen_candidate=None, source="human")
+    client.force_login(lead)
+    page = client.get(reverse("trajectory", args=[trajectory.pk])).content.decode()
+    assert "2 model proposals shown, number 2 accepted · model 812 ms" in page
+    assert "2 model proposals shown, overridden" in page
+    assert "invalid: does not parse: unknown action &#x27;fly&#x27;" in page
