@@ -8,12 +8,14 @@ Every step is stored when it happens, so a closed tab or a lost connection loses
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+import httpx
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
@@ -24,7 +26,9 @@ from django.utils import timezone
 from flywheel.models import ModelVersion
 from sandbox.actions import ActionSyntaxError, action_to_dict, format_actions, out_of_bounds, parse_actions
 from sandbox.client import ActionError, SandboxClient, SandboxError, SessionGoneError
+from sandbox.client import connection as sandbox_connection
 from training.policy.client import PolicyClient, PolicyError
+from training.policy.client import connection as policy_connection
 from training.policy.prompts import Turn, build_messages
 
 from .models import LiveSession, Step, Task, Trajectory, User
@@ -46,9 +50,20 @@ def push(trajectory_id: int, event: str, **payload: Any) -> None:
         async_to_sync(layer.group_send)(group(trajectory_id), {"type": "live.event", "event": event, **payload})
 
 
+@functools.cache
+def _sandbox_http(base_url: str, api_key: str) -> httpx.Client:
+    return sandbox_connection(base_url, api_key, timeout_s=300)
+
+
+@functools.cache
+def _policy_http(base_url: str, api_key: str, timeout_s: float) -> httpx.Client:
+    return policy_connection(base_url, api_key, timeout_s)
+
+
 def sandbox_for(trajectory_id: int) -> SandboxClient:
-    """The sandbox service, as the owner of this trajectory's lease."""
-    return SandboxClient(settings.SANDBOX_URL, settings.SANDBOX_API_KEY, f"trajectory:{trajectory_id}", timeout_s=300)
+    """The sandbox service, as the owner of this trajectory's lease (over this process's shared connections)."""
+    http = _sandbox_http(settings.SANDBOX_URL, settings.SANDBOX_API_KEY)
+    return SandboxClient(settings.SANDBOX_URL, settings.SANDBOX_API_KEY, f"trajectory:{trajectory_id}", http=http)
 
 
 def policy_for(model: ModelVersion) -> PolicyClient:
@@ -60,6 +75,7 @@ def policy_for(model: ModelVersion) -> PolicyClient:
         api_key=settings.POLICY_API_KEY,
         timeout_s=settings.POLICY_TIMEOUT_S,
         constrain=settings.POLICY_CONSTRAIN,
+        http=_policy_http(model.endpoint_url, settings.POLICY_API_KEY, settings.POLICY_TIMEOUT_S),
     )
 
 

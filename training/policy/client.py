@@ -66,6 +66,12 @@ def parse_proposal(raw: str, width: int, height: int) -> Proposal:
     return proposal
 
 
+def connection(base_url: str, api_key: str = "", timeout_s: float = 60.0) -> httpx.Client:
+    """An HTTP client for one policy server; thread-safe and kept alive, so callers can share it."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    return httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s)
+
+
 @dataclass
 class PolicyClient:
     """`base_url` like http://127.0.0.1:8020/v1 (vLLM: http://host:8000/v1); `model` is the served model name."""
@@ -77,12 +83,16 @@ class PolicyClient:
     retries: int = 2
     constrain: bool = True  # send the grammar as structured_outputs (vLLM ≥ 0.10 and the embedded server)
 
+    http: httpx.Client | None = None  # a shared client (see `connection`); one is made when not given
+
     def __post_init__(self) -> None:
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        self.http = httpx.Client(base_url=self.base_url.rstrip("/"), headers=headers, timeout=self.timeout_s)
+        self.owns_http = self.http is None
+        if self.http is None:
+            self.http = connection(self.base_url, self.api_key, self.timeout_s)
 
     def close(self) -> None:
-        self.http.close()
+        if self.owns_http and self.http is not None:
+            self.http.close()
 
     def complete(self, body: dict[str, Any]) -> dict[str, Any]:
         """POST /chat/completions with retries on connection errors, timeouts and 5xx (exponential back-off)."""
@@ -91,7 +101,7 @@ class PolicyClient:
             if attempt:
                 time.sleep(min(0.25 * 2 ** (attempt - 1), 2.0))
             try:
-                response = self.http.post("/chat/completions", json=body)
+                response = self.http.post("/chat/completions", json=body)  # type: ignore[union-attr]
             except httpx.HTTPError as exc:
                 last = exc
                 continue
