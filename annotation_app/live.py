@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -24,10 +23,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from flywheel.models import ModelVersion
-from sandbox.actions import ActionSyntaxError, action_to_dict, format_actions, out_of_bounds, parse_actions
+from sandbox.actions import ActionSyntaxError, parse_actions
 from sandbox.client import ActionError, SandboxClient, SandboxError, SessionGoneError
 from sandbox.client import connection as sandbox_connection
-from training.policy.client import PolicyClient, PolicyError
+from training.policy.client import PolicyClient, PolicyError, Proposal, proposal_of
 from training.policy.client import connection as policy_connection
 from training.policy.prompts import Turn, build_messages
 
@@ -251,22 +250,14 @@ def request_proposals(live: LiveSession) -> None:
 # --- the annotator's decision ----------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Checked:
-    thought: str
-    action_text: str
-    actions: list[dict[str, Any]]
-
-
-def check_override(thought: str, action_text: str, width: int, height: int) -> Checked:
+def check_override(thought: str, action_text: str, width: int, height: int) -> Proposal:
     """An annotator's action against the grammar and the model image; raises ActionSyntaxError or Invalid."""
     if len(thought) > 5000 or len(action_text) > 5000:
         raise Invalid("Thought and action are limited to 5,000 characters each.")
-    actions = parse_actions(action_text)
-    problems = out_of_bounds(actions, width, height)
-    if problems:
-        raise Invalid("; ".join(problems))
-    return Checked(thought.strip(), format_actions(actions), [action_to_dict(a) for a in actions])
+    checked = proposal_of(action_text, thought.strip(), parse_actions(action_text), width, height)
+    if checked.error:
+        raise Invalid(checked.error)
+    return checked
 
 
 def take_step(
@@ -292,7 +283,7 @@ def take_step(
             shown = live.candidates[candidate]
             if shown["error"]:
                 raise Invalid(f"Proposal {candidate + 1} is invalid and cannot run: {shown['error']}")
-            checked = Checked(shown["thought"], shown["action_text"], shown["actions"])
+            checked = Proposal.from_dict(shown)
             source = Step.Source.MODEL
         else:
             try:

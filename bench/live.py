@@ -36,14 +36,21 @@ django.setup()
 
 from rest_framework.authtoken.models import Token  # noqa: E402
 
-from annotation_app.models import Role, Task, User  # noqa: E402
+from annotation_app.models import LiveSession, Role, Task, User  # noqa: E402
 from annotation_app.task_queue import next_task  # noqa: E402
+from sandbox.browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 from sandbox.client import SandboxClient  # noqa: E402
 
 BASE = f"http://127.0.0.1:{os.environ.get('WEB_PORT', '8000')}"
 PASSWORD = "bench-pass-123"
 SETUP = [{"type": "launch", "parameters": {"command": ["xterm"]}}]
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run"]
+
+
+def usable(candidates: list[dict]) -> list[int]:
+    """Proposals the benchmark accepts: valid ones that neither end the session nor sleep (wait() sleeps in the
+    sandbox by design: that is the action's own time, not the platform's overhead)."""
+    ending = ("finished", "call_user", "wait")
+    return [i for i, c in enumerate(candidates) if not c["error"] and c["actions"][0]["type"] not in ending]
 
 
 def pct(values: list[float], q: float) -> float:
@@ -91,7 +98,7 @@ def browser_steps(steps: int) -> tuple[list[float], list[float], list[float]]:
 
     user, _ = annotator("bench-live-browser")
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--headless", *CHROMIUM_ARGS])
         page = browser.new_context(base_url=BASE).new_page()
         page.goto("/accounts/login/")
         page.fill("input[name=username]", user.username)
@@ -102,25 +109,16 @@ def browser_steps(steps: int) -> tuple[list[float], list[float], list[float]]:
         model_ms = []
         for index in range(steps):
             page.wait_for_selector(f"#live[data-proposals-for='{index}']", timeout=120_000)
-            codes = page.locator("#candidates .candidate:not(.invalid) code").all_inner_texts()
-            valid = [
-                i
-                for i, c in enumerate(page.locator("#candidates .candidate").all())
-                if "invalid" not in (c.get_attribute("class") or "")
-            ]
-            # wait() sleeps in the sandbox by design: that is the action's own time, not the platform's overhead.
-            usable = [i for i, code in zip(valid, codes, strict=True) if not code.startswith(("finished", "wait"))]
-            if usable:
-                page.keyboard.press(str(usable[0] + 1))
+            session = LiveSession.objects.filter(trajectory__annotator=user).latest("created_at")
+            model_ms.append(float(session.proposal_latency_ms or 0))
+            choices = usable(session.candidates)  # the candidates the page shows for this step
+            if choices:
+                page.keyboard.press(str(choices[0] + 1))
             else:
                 page.fill("#override-action", "click(start_box='(40,40)')")
                 page.wait_for_selector("#override-check.ok")
                 page.click("#override-run")
             page.wait_for_function(f"window.liveTimings.steps.length > {index}", timeout=60_000)
-            from annotation_app.models import LiveSession
-
-            session = LiveSession.objects.filter(trajectory__annotator=user).latest("created_at")
-            model_ms.append(float(session.proposal_latency_ms or 0))
         timings = page.evaluate("window.liveTimings")
         page.once("dialog", lambda dialog: dialog.accept())
         page.click("#abandon")  # give the desktop back before the concurrency run
@@ -157,13 +155,9 @@ def concurrent(sessions: int, duration: float) -> dict[str, float]:
         while time.monotonic() < end:
             tick = time.monotonic()
             state = http.get(f"/api/live/{trajectory}/").json()
-            usable = [
-                i
-                for i, c in enumerate(state["candidates"])
-                if not c["error"] and c["actions"][0]["type"] not in ("finished", "call_user", "wait")
-            ]
-            if usable:
-                body = {"expected_index": state["next_index"], "candidate": usable[0]}
+            choices = usable(state["candidates"])
+            if choices:
+                body = {"expected_index": state["next_index"], "candidate": choices[0]}
             else:
                 x, y = random.randrange(state["model_width"]), random.randrange(state["model_height"])
                 body = {"expected_index": state["next_index"], "action_text": f"click(start_box='({x},{y})')"}
@@ -173,7 +167,7 @@ def concurrent(sessions: int, duration: float) -> dict[str, float]:
             with lock:
                 if response.status_code == 201:
                     stats["ok"] += 1
-                    stats["accepted" if usable else "overridden"] += 1
+                    stats["accepted" if choices else "overridden"] += 1
                     stats["late"] += state["proposals"] != "ready"
                     latencies.append(elapsed)
                 else:
@@ -205,7 +199,7 @@ def concurrent(sessions: int, duration: float) -> dict[str, float]:
 
 def cleanup() -> None:
     from annotation_app import live
-    from annotation_app.models import LiveSession, Trajectory
+    from annotation_app.models import Trajectory
 
     users = User.objects.filter(username__startswith="bench-live-")
     for session in LiveSession.objects.filter(trajectory__annotator__in=users, status__in=["starting", "active"]):

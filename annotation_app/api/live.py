@@ -15,7 +15,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from sandbox.actions import ActionSyntaxError, action_points, parse_actions
+from sandbox.actions import ActionSyntaxError
 
 from .. import live, task_queue
 from ..models import LiveSession
@@ -30,6 +30,11 @@ VNC_TOKEN = inline_serializer("VncToken", {"token": serializers.CharField(), "po
 class LiveView(APIView):
     permission_classes = [allows(Capability.ANNOTATE)]
     parser_classes = [JSONParser]
+
+    def valid(self, serializer: type[serializers.Serializer], request: Request) -> dict:
+        form = serializer(data=request.data or {})
+        form.is_valid(raise_exception=True)
+        return form.validated_data
 
     def live(self, request: Request, pk: int) -> LiveSession:
         session = own_live_session(request.user, pk)
@@ -64,9 +69,7 @@ class LiveStepView(LiveView):
     @extend_schema(request=s.LiveStepSerializer, responses={201: STATE})
     def post(self, request: Request, pk: int) -> Response:
         session = self.live(request, pk)
-        form = s.LiveStepSerializer(data=request.data)
-        form.is_valid(raise_exception=True)
-        data = form.validated_data
+        data = self.valid(s.LiveStepSerializer, request)
         step = live.take_step(
             session,
             expected_index=data["expected_index"],
@@ -84,9 +87,7 @@ class LiveValidateView(LiveView):
     @extend_schema(request=s.LiveValidateSerializer, responses={200: STATE})
     def post(self, request: Request, pk: int) -> Response:
         session = self.live(request, pk)
-        form = s.LiveValidateSerializer(data=request.data)
-        form.is_valid(raise_exception=True)
-        text = form.validated_data["action_text"]
+        text = self.valid(s.LiveValidateSerializer, request)["action_text"]
         try:
             checked = live.check_override("", text, session.model_width, session.model_height)
         except ActionSyntaxError as exc:
@@ -94,8 +95,7 @@ class LiveValidateView(LiveView):
             return Response({"valid": False, "errors": [error]})
         except Invalid as exc:
             return Response({"valid": False, "errors": [{"message": str(exc), "line": None, "column": None}]})
-        points = [[p.x, p.y] for a in parse_actions(checked.action_text) for p in action_points(a)]
-        return Response({"valid": True, "errors": [], "action_text": checked.action_text, "points": points})
+        return Response({"valid": True, "errors": [], "action_text": checked.action_text, "points": checked.points})
 
 
 class LiveEndView(LiveView):
@@ -104,11 +104,10 @@ class LiveEndView(LiveView):
     @extend_schema(request=s.LiveEndSerializer, responses={200: STATE})
     def post(self, request: Request, pk: int) -> Response:
         session = self.live(request, pk)
-        form = s.LiveEndSerializer(data=request.data or {})
-        form.is_valid(raise_exception=True)
+        reason = self.valid(s.LiveEndSerializer, request)["reason"]
         if not session.open:
             raise Conflict(f"This live session is already {session.get_status_display().lower()}.")
-        return Response(live.state_of(live.end_live(session, form.validated_data["reason"])))
+        return Response(live.state_of(live.end_live(session, reason)))
 
 
 class LiveVncTokenView(LiveView):

@@ -3,7 +3,6 @@ service, websockify, a Celery worker on the `live` queue, gunicorn and daphne. A
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import uuid
 from dataclasses import dataclass
@@ -120,8 +119,6 @@ def live_worker(transactional_db, live_settings, tmp_path):
 @pytest.fixture
 def live_web(live_worker, live_settings, tmp_path):
     """gunicorn and daphne on the ports websockify expects; yields the HTTP base URL."""
-    with contextlib.ExitStack() as stack:
-        base = stack.enter_context(
-            web_stack(tmp_path, http_port=live_settings.web_port, ws_port=live_settings.ws_port, **live_settings.env())
-        )
+    ports = {"http_port": live_settings.web_port, "ws_port": live_settings.ws_port}
+    with web_stack(tmp_path, **ports, **live_settings.env()) as base:
         yield base

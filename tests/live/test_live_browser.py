@@ -5,14 +5,13 @@ from __future__ import annotations
 import re
 
 import pytest
-from django.db import connection
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 
 from annotation_app.models import LiveSession, Role, Trajectory
 from annotation_app.task_queue import next_task
 
+from ..browsers import chromium_pages, log_in
 from ..factories import TaskFactory, UserFactory
-from ..test_browser import CHROMIUM_ARGS, _log_in
 from .conftest import needs_desktop
 
 pytestmark = [needs_desktop, pytest.mark.slow]
@@ -21,19 +20,8 @@ pytestmark = [needs_desktop, pytest.mark.slow]
 @pytest.fixture
 def chromium(live_web, monkeypatch):
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's sync API keeps a loop on this thread
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-        errors: list[str] = []
-
-        def new_page():
-            page = browser.new_context(base_url=live_web).new_page()
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
-            return page
-
+    with chromium_pages(live_web) as new_page:
         yield new_page
-        browser.close()
-        connection.close()
-        assert not errors, f"JavaScript errors: {errors}"
 
 
 def test_an_annotator_accepts_overrides_and_finishes_in_the_browser(chromium, embedded_model):
@@ -43,7 +31,7 @@ def test_an_annotator_accepts_overrides_and_finishes_in_the_browser(chromium, em
     next_task(annotator)
 
     page = chromium()
-    _log_in(page, "live1")
+    log_in(page, "live1")
     page.click("#annotate-live")
     expect(page).to_have_url(re.compile(r"/live/\d+/$"))
     live = page.locator("#live")
@@ -96,5 +84,5 @@ def test_an_annotator_accepts_overrides_and_finishes_in_the_browser(chromium, em
     # Another annotator can neither open the page nor get a VNC token.
     UserFactory(username="live2", role=Role.ANNOTATOR)
     other = chromium()
-    _log_in(other, "live2")
+    log_in(other, "live2")
     assert other.goto(f"/live/{trajectory.pk}/").status == 404

@@ -7,13 +7,21 @@ the caller shows it as invalid and never executes it.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import httpx
 
 from sandbox.action_regex import proposal_regex
-from sandbox.actions import ActionSyntaxError, action_points, action_to_dict, format_actions, out_of_bounds, parse_step
+from sandbox.actions import (
+    Action,
+    ActionSyntaxError,
+    action_points,
+    action_to_dict,
+    format_actions,
+    out_of_bounds,
+    parse_step,
+)
 
 
 class PolicyError(Exception):
@@ -32,6 +40,11 @@ class Proposal:
     @property
     def valid(self) -> bool:
         return not self.error
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Proposal:
+        """The inverse of `as_dict`; extra keys (such as the model name stored beside it) are ignored."""
+        return cls(**{f.name: data[f.name] for f in fields(cls)})
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -53,17 +66,20 @@ def parse_proposal(raw: str, width: int, height: int) -> Proposal:
         step = parse_step(raw.strip())
     except ActionSyntaxError as exc:
         return Proposal(raw=raw, error=f"does not parse: {exc}")
-    problems = out_of_bounds(step.actions, width, height)
-    proposal = Proposal(
+    return proposal_of(raw, step.thought, step.actions, width, height)
+
+
+def proposal_of(raw: str, thought: str, actions: list[Action], width: int, height: int) -> Proposal:
+    """Parsed actions in their canonical, typed and drawable forms; `error` names any point off the model image.
+    One place for the model's proposals and the annotator's overrides."""
+    return Proposal(
         raw=raw,
-        thought=step.thought,
-        action_text=format_actions(step.actions),
-        actions=[action_to_dict(a) for a in step.actions],
-        points=[[p.x, p.y] for a in step.actions for p in action_points(a)],
+        thought=thought,
+        action_text=format_actions(actions),
+        actions=[action_to_dict(a) for a in actions],
+        points=[[p.x, p.y] for a in actions for p in action_points(a)],
+        error="; ".join(out_of_bounds(actions, width, height)),
     )
-    if problems:
-        proposal.error = "; ".join(problems)
-    return proposal
 
 
 def connection(base_url: str, api_key: str = "", timeout_s: float = 60.0) -> httpx.Client:
