@@ -115,12 +115,49 @@ def build_tiny_checkpoint(path: Path, *, seed: int = 0, hidden: int = 64, layers
     return path
 
 
+def build_tiny_text_checkpoint(path: Path, *, seed: int = 0, hidden: int = 64, layers: int = 2) -> Path:
+    """Write a random tiny text-only Qwen2 causal LM with the same byte-level tokenizer (for the trainer's text
+    environments and tests: fast on a CPU, same chat template as the vision-language one)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    path = Path(path)
+    if (path / "config.json").is_file() and (path / "model.safetensors").is_file():
+        return path
+    tokenizer = build_tokenizer()
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS}
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["<|endoftext|>"],
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = ids["<|im_end|>"]
+    model.generation_config.pad_token_id = ids["<|endoftext|>"]
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(path)
+    model.save_pretrained(path)
+    (path / "tiny.json").write_text(json.dumps({"seed": seed, "hidden": hidden, "layers": layers, "random": True}))
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("path", type=Path)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--text", action="store_true", help="a text-only causal LM instead of the vision-language one")
     args = parser.parse_args()
-    print(build_tiny_checkpoint(args.path, seed=args.seed))
+    build = build_tiny_text_checkpoint if args.text else build_tiny_checkpoint
+    print(build(args.path, seed=args.seed))
 
 
 if __name__ == "__main__":

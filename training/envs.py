@@ -1,0 +1,219 @@
+"""Environments for multi-turn rollouts: small verifiable text tasks (tests, demos, benchmarks) and the sandbox
+service's GUI sessions. An environment speaks chat messages: `reset` gives the opening messages, `step` takes the
+policy's reply and answers with an observation message, a per-turn reward and whether the episode is over."""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from sandbox.actions import ActionSyntaxError, parse_step
+
+
+@dataclass
+class Feedback:
+    """What the environment answers to one reply."""
+
+    observation: dict[str, Any] | None  # the next user message, None when the episode is over
+    reward: float
+    done: bool
+    info: dict[str, Any]
+
+
+class Env(Protocol):
+    name: str
+
+    def reset(self, seed: int) -> list[dict[str, Any]]: ...
+
+    def expert(self) -> str: ...
+
+    def step(self, reply: str) -> Feedback: ...
+
+    def close(self) -> None: ...
+
+
+class CopyEnv:
+    """Each turn shows a short code of letters; the reply must repeat it exactly. Reward 1/turns per exact copy, so
+    the episode return is the fraction copied. Verifiable, multi-turn, learnable by a tiny model in minutes.
+
+    turns: a fixed count, or drawn per episode from a long-tailed (log-normal) law when `tail` > 0, which with
+    `latency_s` (time the environment takes per step, as a sandbox does) models GUI episodes for the benchmarks."""
+
+    name = "copy"
+
+    def __init__(
+        self,
+        *,
+        turns: int = 3,
+        length: int = 1,
+        alphabet: str = "abcd",
+        tail: float = 0.0,
+        max_turns: int = 64,
+        latency_s: float = 0.0,
+    ):
+        self.turns, self.length, self.alphabet = turns, length, alphabet
+        self.tail, self.max_turns, self.latency_s = tail, max_turns, latency_s
+        self._rng = random.Random(0)
+        self._code = ""
+        self._left = 0
+        self._episode_turns = turns
+
+    def _new_code(self) -> str:
+        return "".join(self._rng.choice(self.alphabet) for _ in range(self.length))
+
+    def reset(self, seed: int) -> list[dict[str, Any]]:
+        self._rng = random.Random(seed)
+        turns = self.turns
+        if self.tail > 0:
+            turns = min(self.max_turns, max(1, round(self.turns * self._rng.lognormvariate(0.0, self.tail))))
+        self._episode_turns = self._left = turns
+        self._code = self._new_code()
+        return [
+            {"role": "system", "content": "Repeat each code exactly."},
+            {"role": "user", "content": self._code},
+        ]
+
+    def expert(self) -> str:
+        """The correct reply now (for demonstrations)."""
+        return self._code
+
+    def step(self, reply: str) -> Feedback:
+        if self.latency_s:
+            time.sleep(self.latency_s)
+        correct = reply.strip() == self._code
+        self._left -= 1
+        reward = (1.0 if correct else 0.0) / self._episode_turns
+        if self._left <= 0:
+            return Feedback(None, reward, True, {"correct": correct})
+        self._code = self._new_code()
+        return Feedback({"role": "user", "content": self._code}, reward, False, {"correct": correct})
+
+    def close(self) -> None:
+        pass
+
+
+class GuessEnv:
+    """Guess a number in [1, high] from 'higher'/'lower' hints within `tries` turns: reward 1 when found. The
+    observation carries information the next turn needs, and episode lengths vary with the policy."""
+
+    name = "guess"
+
+    def __init__(self, *, high: int = 8, tries: int = 4, latency_s: float = 0.0):
+        self.high, self.tries, self.latency_s = high, tries, latency_s
+        self._target = 0
+        self._left = 0
+        self._low, self._high = 1, high
+
+    def reset(self, seed: int) -> list[dict[str, Any]]:
+        self._target = random.Random(seed).randint(1, self.high)
+        self._left = self.tries
+        self._low, self._high = 1, self.high
+        return [
+            {"role": "system", "content": f"Guess the number from 1 to {self.high}. Answer with the number only."},
+            {"role": "user", "content": "guess"},
+        ]
+
+    def expert(self) -> str:
+        """Binary search over what the hints leave open."""
+        return str((self._low + self._high) // 2)
+
+    def step(self, reply: str) -> Feedback:
+        if self.latency_s:
+            time.sleep(self.latency_s)
+        self._left -= 1
+        match = re.fullmatch(r"\s*(\d+)\s*", reply)
+        if match and int(match.group(1)) == self._target:
+            return Feedback(None, 1.0, True, {"found": True})
+        if self._left <= 0:
+            return Feedback(None, 0.0, True, {"found": False})
+        hint = "invalid" if not match else ("higher" if int(match.group(1)) < self._target else "lower")
+        if hint == "higher":
+            self._low = max(self._low, int(match.group(1)) + 1)  # type: ignore[union-attr]
+        elif hint == "lower":
+            self._high = min(self._high, int(match.group(1)) - 1)  # type: ignore[union-attr]
+        return Feedback({"role": "user", "content": hint}, 0.0, False, {"found": False})
+
+    def close(self) -> None:
+        pass
+
+
+class SandboxEnv:
+    """An OSWorld-style task on a sandbox desktop: the task's `config` runs at reset, each reply is a UI-TARS
+    "Thought: … Action: …" step executed by the sandbox service, the observation is the new screenshot (saved under
+    `image_dir`, referenced by relative path as the episode format wants), and the evaluator scores `finished`.
+    An unparsable reply costs `format_penalty` and leaves the screen as it was."""
+
+    name = "sandbox"
+
+    def __init__(
+        self,
+        client: Any,
+        task: dict[str, Any],
+        image_dir: Path,
+        *,
+        max_steps: int = 15,
+        format_penalty: float = -0.1,
+        ttl_s: float = 600,
+    ):
+        from training.policy.prompts import COMPUTER_USE
+
+        self.client, self.task, self.image_dir = client, task, Path(image_dir)
+        self.max_steps, self.format_penalty, self.ttl_s = max_steps, format_penalty, ttl_s
+        self.system = COMPUTER_USE.format(language="English", instruction=task["instruction"])
+        self.session: str | None = None
+        self._steps = 0
+        self._prefix = ""
+
+    def _observation(self, jpeg: bytes) -> dict[str, Any]:
+        self.image_dir.mkdir(parents=True, exist_ok=True)
+        name = f"{self._prefix}-{self._steps:03d}.jpg"
+        (self.image_dir / name).write_bytes(jpeg)
+        return {"role": "user", "content": [{"type": "image", "image": f"{self.image_dir.name}/{name}"}]}
+
+    def reset(self, seed: int) -> list[dict[str, Any]]:
+        self.close()
+        self.session = self.client.allocate(ttl_s=self.ttl_s)["session_id"]
+        self.client.setup(self.session, self.task.get("config", []))
+        self._steps = 0
+        self._prefix = f"{self.task.get('id', 'task')}-{seed}"
+        return [{"role": "user", "content": self.system}, self._observation(self.client.observe(self.session))]
+
+    def step(self, reply: str) -> Feedback:
+        assert self.session is not None, "reset() first"
+        self._steps += 1
+        try:
+            actions = parse_step(reply).actions
+        except ActionSyntaxError as exc:
+            done = self._steps >= self.max_steps
+            return Feedback(None if done else self._observation(self.client.observe(self.session)),
+                            self.format_penalty, done, {"error": str(exc)})  # fmt: skip
+        kinds = {a.name for a in actions}
+        if kinds & {"finished", "call_user"} or self._steps >= self.max_steps:
+            score = self.client.evaluate(self.session, self.task["evaluator"]) if "finished" in kinds else 0.0
+            return Feedback(None, float(score), True, {"steps": self._steps})
+        result = self.client.step(self.session, reply.split("Action:", 1)[-1].strip())
+        return Feedback(self._observation(result.observation_jpeg), 0.0, False, {"steps": self._steps})
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.client.release(self.session)
+            self.session = None
+
+
+TEXT_ENVS = {"copy": CopyEnv, "guess": GuessEnv}
+
+
+def make_text_env(spec: str) -> Env:
+    """An environment from a spec such as "copy", "copy:turns=3,length=2" or "guess:high=16"."""
+    name, _, options = spec.partition(":")
+    if name not in TEXT_ENVS:
+        raise ValueError(f"unknown environment {name!r} (known: {', '.join(TEXT_ENVS)})")
+    kwargs: dict[str, Any] = {}
+    for item in filter(None, options.split(",")):
+        key, _, value = item.partition("=")
+        kwargs[key] = value if key == "alphabet" else (float(value) if "." in value else int(value))
+    return TEXT_ENVS[name](**kwargs)

@@ -1,0 +1,380 @@
+"""Multi-turn rollouts: the agent loop (policy ⇄ environment), the policies it can talk to, and the streaming pool.
+
+Policies answer `generate(conversations) -> (replies, version)`:
+- `LocalPolicy` runs a transformers model in-process; requests from many episode threads are gathered into one
+  batched `generate` call (a small continuous batcher), so the pool's concurrency becomes batch size.
+- `RemotePolicy` speaks OpenAI chat completions (vLLM in production, or the embedded policy server).
+
+`RolloutPool` keeps `concurrency` episodes running: the trainer takes a batch as soon as enough are finished while the
+rest go on (UI-TARS-2's streaming updates, 2.5.2). Every assistant turn carries the policy version that wrote it, and a
+staleness bound (AReaL's rule) stops new episodes from starting more than `max_staleness` versions ahead.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import mimetypes
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from training.data import Episode, Renderer
+from training.envs import Env
+
+
+@dataclass(frozen=True)
+class Reply:
+    text: str
+    truncated: bool = False  # cut at the token limit rather than ended by the model
+
+
+class Policy(Protocol):
+    version: int
+
+    def generate(self, conversations: list[list[dict[str, Any]]]) -> tuple[list[Reply], int]: ...
+
+    def generate_one(self, conversation: list[dict[str, Any]]) -> tuple[Reply, int]: ...
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 32
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+
+class LocalPolicy:
+    """A transformers causal LM sampling in-process. Thread-safe: concurrent callers are batched together, and
+    `lock` is held while generating, so the trainer takes it to change weights between two batches."""
+
+    def __init__(self, model: Any, renderer: Renderer, sampling: SamplingParams | None = None, max_batch: int = 64):
+        self.model, self.renderer = model, renderer
+        self.sampling = sampling or SamplingParams()
+        self.max_batch = max_batch
+        self.version = 0
+        self.lock = threading.RLock()
+        self._requests: queue.Queue[tuple[list[dict[str, Any]], Future[tuple[Reply, int]]]] = queue.Queue()
+        self._worker: threading.Thread | None = None
+        tokenizer = renderer.tokenizer
+        self.pad_id = tokenizer.pad_token_id
+        self.eos_id = tokenizer.eos_token_id
+
+    @torch.no_grad()
+    def generate(self, conversations: list[list[dict[str, Any]]]) -> tuple[list[Reply], int]:
+        """Sample one reply per conversation, in one batched call; returns the replies and the weights' version."""
+        prompts = [self.renderer.prompt_ids(c) for c in conversations]
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros_like(ids)
+        for row, prompt in enumerate(prompts):  # left padding: generation continues every row at the same column
+            ids[row, width - len(prompt) :] = torch.tensor(prompt)
+            attention[row, width - len(prompt) :] = 1
+        s = self.sampling
+        with self.lock:
+            was_training = self.model.training
+            self.model.eval()
+            # Pure sampling from π (no top-k, no repetition penalty from the checkpoint's generation config): PPO's
+            # ratios assume the tokens were drawn from the very distribution the trainer computes.
+            sampling = (
+                {
+                    "do_sample": True,
+                    "temperature": s.temperature,
+                    "top_p": s.top_p,
+                    "top_k": 0,
+                    "repetition_penalty": 1.0,
+                }
+                if s.temperature > 0
+                else {"do_sample": False}
+            )
+            out = self.model.generate(
+                input_ids=ids,
+                attention_mask=attention,
+                max_new_tokens=s.max_new_tokens,
+                pad_token_id=self.pad_id,
+                eos_token_id=self.eos_id,
+                **sampling,
+            )
+            self.model.train(was_training)
+            version = self.version
+        replies = []
+        for row in out[:, width:].tolist():
+            ended = self.eos_id in row
+            if ended:
+                row = row[: row.index(self.eos_id)]
+            text = self.renderer.tokenizer.decode([t for t in row if t != self.pad_id])
+            replies.append(Reply(text, truncated=not ended))
+        return replies, version
+
+    def generate_one(self, conversation: list[dict[str, Any]]) -> tuple[Reply, int]:
+        """One reply, batched with whatever other threads are asking for at the same moment."""
+        if self._worker is None:
+            with self.lock:
+                if self._worker is None:
+                    self._worker = threading.Thread(target=self._serve, name="local-policy", daemon=True)
+                    self._worker.start()
+        future: Future[tuple[Reply, int]] = Future()
+        self._requests.put((conversation, future))
+        return future.result()
+
+    def _serve(self) -> None:
+        while True:
+            pending = [self._requests.get()]
+            while len(pending) < self.max_batch:
+                try:
+                    pending.append(self._requests.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                replies, version = self.generate([c for c, _ in pending])
+            except Exception as exc:  # every waiting episode learns why
+                for _, future in pending:
+                    future.set_exception(exc)
+                continue
+            for (_, future), reply in zip(pending, replies, strict=True):
+                future.set_result((reply, version))
+
+
+class RemotePolicy:
+    """OpenAI chat completions (vLLM or the embedded server). Image parts given as file paths are sent as data URLs.
+    `version` is what the caller last synchronised to the server (see `training.sync`)."""
+
+    def __init__(self, base_url: str, model: str, sampling: SamplingParams | None = None, api_key: str = "",
+                 timeout_s: float = 120.0):  # fmt: skip
+        import httpx
+
+        self.model = model
+        self.sampling = sampling or SamplingParams()
+        self.version = 0
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s)
+
+    def generate(self, conversations: list[list[dict[str, Any]]]) -> tuple[list[Reply], int]:
+        version = self.version
+        return [self.generate_one(c)[0] for c in conversations], version
+
+    def generate_one(self, conversation: list[dict[str, Any]], base_dir: Path | None = None) -> tuple[Reply, int]:
+        version = self.version
+        body = {
+            "model": self.model,
+            "messages": [_openai_message(m, base_dir) for m in conversation],
+            "max_tokens": self.sampling.max_new_tokens,
+            "temperature": self.sampling.temperature,
+            "top_p": self.sampling.top_p,
+        }
+        response = self.http.post("/v1/chat/completions", json=body)
+        response.raise_for_status()
+        choice = response.json()["choices"][0]
+        return Reply(choice["message"]["content"] or "", choice.get("finish_reason") == "length"), version
+
+
+def _openai_message(message: dict[str, Any], base_dir: Path | None) -> dict[str, Any]:
+    content = message["content"]
+    if isinstance(content, str):
+        return {"role": message["role"], "content": content}
+    parts = []
+    for part in content:
+        if part["type"] == "text":
+            parts.append({"type": "text", "text": part["text"]})
+        else:
+            path = (base_dir or Path(".")) / part["image"]
+            mime = mimetypes.guess_type(path.name)[0] or "image/png"
+            url = f"data:{mime};base64," + base64.b64encode(path.read_bytes()).decode()
+            parts.append({"type": "image_url", "image_url": {"url": url}})
+    return {"role": message["role"], "content": parts}
+
+
+def episode_return(episode: Episode) -> float:
+    """Outcome plus every per-turn reward: what the episode earned."""
+    turns = sum(float(m.get("reward") or 0.0) for m in episode.messages if m["role"] == "assistant")
+    return float(episode.reward or 0.0) + turns
+
+
+def turn_message(reply: Reply, feedback: Any, version: int) -> dict[str, Any]:
+    """The assistant message stored for one turn: text, the turn's reward, the policy version, truncation."""
+    message = {"role": "assistant", "content": reply.text, "reward": feedback.reward, "version": version}
+    if reply.truncated:
+        message["truncated"] = True
+    return message
+
+
+def run_episode(env: Env, ask: Callable[[list[dict[str, Any]]], tuple[Reply, int]], seed: int,
+                max_turns: int = 32) -> Episode:  # fmt: skip
+    """Play one episode: the policy answers, the environment responds, until done or `max_turns`."""
+    messages = env.reset(seed)
+    started = time.perf_counter()
+    done = False
+    for _ in range(max_turns):
+        reply, version = ask(messages)
+        feedback = env.step(reply.text)
+        messages.append(turn_message(reply, feedback, version))
+        if feedback.done:
+            done = True
+            break
+        assert feedback.observation is not None
+        messages.append(feedback.observation)
+    episode = Episode(messages, id=f"{env.name}-{seed}", source="rollout", instruction=env.name)
+    episode.meta.update(seed=seed, done=done, seconds=time.perf_counter() - started)
+    return episode
+
+
+def collect_sync(env_factory: Callable[[], Env], policy: Policy, seeds: list[int], max_turns: int = 32,
+                 workers: int = 16) -> list[Episode]:  # fmt: skip
+    """The synchronous baseline: all episodes of a batch advance turn by turn (one batched generation per turn,
+    environment steps in parallel) and the batch ends when its longest episode does."""
+    envs = [env_factory() for _ in seeds]
+    conversations = [env.reset(seed) for env, seed in zip(envs, seeds, strict=True)]
+    active = list(range(len(seeds)))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for _ in range(max_turns):
+            if not active:
+                break
+            replies, version = policy.generate([conversations[i] for i in active])
+            feedbacks = list(pool.map(lambda pair: envs[pair[0]].step(pair[1].text), zip(active, replies, strict=True)))
+            still = []
+            for i, reply, feedback in zip(active, replies, feedbacks, strict=True):
+                conversations[i].append(turn_message(reply, feedback, version))
+                if not feedback.done and feedback.observation is not None:
+                    conversations[i].append(feedback.observation)
+                    still.append(i)
+            active = still
+    for env in envs:
+        env.close()
+    return [
+        Episode(c, id=f"{envs[0].name}-{seed}", source="rollout", instruction=envs[0].name, meta={"seed": seed})
+        for c, seed in zip(conversations, seeds, strict=True)
+    ]
+
+
+class StalenessManager:
+    """AReaL's admission rule: episode n (0-based, in start order) may start only while
+    n < (max_staleness + version + 1) · batch_size, so no batch the trainer takes was begun more than
+    `max_staleness` policy versions ago. max_staleness = 0 is on-policy."""
+
+    def __init__(self, batch_size: int, max_staleness: int):
+        self.batch_size, self.max_staleness = batch_size, max_staleness
+        self.version = 0
+        self.started = 0
+        self.cond = threading.Condition()
+
+    def capacity(self) -> int:
+        return (self.max_staleness + self.version + 1) * self.batch_size - self.started
+
+    def acquire(self, stop: threading.Event) -> bool:
+        """Block until an episode may start (True), or until `stop` is set (False)."""
+        with self.cond:
+            while self.capacity() <= 0:
+                if stop.is_set():
+                    return False
+                self.cond.wait(timeout=0.1)
+            self.started += 1
+            return not stop.is_set()
+
+    def advance(self, version: int) -> None:
+        with self.cond:
+            self.version = version
+            self.cond.notify_all()
+
+    def forget(self) -> None:
+        """A started episode was thrown away: admit one more."""
+        with self.cond:
+            self.started -= 1
+            self.cond.notify_all()
+
+    def is_stale(self, episode: Episode) -> bool:
+        """An episode begun more than `max_staleness` versions before the current one."""
+        versions = [m.get("version", self.version) for m in episode.messages if m["role"] == "assistant"]
+        return bool(versions) and min(versions) < self.version - self.max_staleness
+
+
+@dataclass
+class PoolStats:
+    finished: int = 0
+    taken: int = 0
+    dropped_stale: int = 0
+    failed: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+class RolloutPool:
+    """A streaming, partially filled pool of episodes: `concurrency` threads play episodes continuously; `take(n)`
+    returns the first n finished (oldest first) while unfinished ones keep running; `set_version` after each update."""
+
+    def __init__(self, env_factory: Callable[[], Env], policy: Any, *, batch_size: int, concurrency: int,
+                 max_staleness: int = 1, max_turns: int = 32, seeds: Iterator[int] | None = None):  # fmt: skip
+        self.env_factory, self.policy = env_factory, policy
+        self.max_turns = max_turns
+        self.staleness = StalenessManager(batch_size, max_staleness)
+        self.stats = PoolStats()
+        self._seeds = seeds or itertools.count()
+        self._seed_lock = threading.Lock()
+        self._finished: queue.Queue[Episode] = queue.Queue()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._work, name=f"rollout-{n}", daemon=True)
+                         for n in range(concurrency)]  # fmt: skip
+
+    def __enter__(self) -> RolloutPool:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        with self.staleness.cond:
+            self.staleness.cond.notify_all()
+        for thread in self._threads:
+            thread.join(timeout=30)
+
+    def _work(self) -> None:
+        env = self.env_factory()
+        try:
+            while self.staleness.acquire(self._stop):
+                with self._seed_lock:
+                    seed = next(self._seeds)
+                try:
+                    episode = run_episode(env, self.policy.generate_one, seed, self.max_turns)
+                except Exception as exc:  # an environment failure loses that episode, not the pool
+                    self.stats.failed += 1
+                    self.stats.errors = [*self.stats.errors[-19:], f"seed {seed}: {exc}"]
+                    self.staleness.forget()
+                    time.sleep(0.05)  # a broken environment must not spin the CPU
+                    continue
+                self.stats.finished += 1
+                self._finished.put(episode)
+        finally:
+            env.close()
+
+    def take(self, n: int, timeout_s: float = 600.0) -> list[Episode]:
+        """The next n finished, fresh-enough episodes (blocks until there are n)."""
+        batch: list[Episode] = []
+        deadline = time.monotonic() + timeout_s
+        while len(batch) < n:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"only {len(batch)} of {n} episodes finished in {timeout_s:.0f} s "
+                                   f"({self.stats.failed} failed: {self.stats.errors[-1:]})")  # fmt: skip
+            try:
+                episode = self._finished.get(timeout=min(remaining, 1.0))
+            except queue.Empty:
+                continue
+            if self.staleness.is_stale(episode):
+                self.stats.dropped_stale += 1
+                self.staleness.forget()  # its slot goes to a fresh episode
+                continue
+            batch.append(episode)
+        self.stats.taken += n
+        return batch
+
+    def set_version(self, version: int) -> None:
+        self.policy.version = version
+        self.staleness.advance(version)
