@@ -246,7 +246,11 @@ class PPOTrainer:
             with self.policy.lock:  # generation threads never see half-updated weights
                 self.optimizers["actor"].step()
             self.optimizers["actor"].zero_grad(set_to_none=True)
-            out.update(policy_loss=dist.all_sum(float(loss.detach())), entropy=dist.all_sum(float(entropy_mean.detach())), **stats)
+            out.update(
+                policy_loss=dist.all_sum(float(loss.detach())),
+                entropy=dist.all_sum(float(entropy_mean.detach())),
+                **stats,
+            )
         if self.critic is not None and self.critic_ddp is not None:
             values = self.critic_ddp(mini["input_ids"], mini["attention_mask"], **vision_inputs(mini))[:, :-1]
             loss_v = algos.value_loss(values, mini["values"], mini["returns"], mask,
