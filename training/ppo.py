@@ -76,7 +76,7 @@ class PPOConfig:
     # value pretraining (stage "value")
     value_max_steps: int = 50
     value_settle_tol: float = 0.05  # relative change of value loss counted as settled
-    value_settle_patience: int = 3  # settled this many steps in a row (and EV no longer rising) → stop
+    value_settle_patience: int = 3  # settled this many steps in a row → stop
     # run
     seed: int = 0
     save_every: int = 0
