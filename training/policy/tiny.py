@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 SPECIAL_TOKENS = [
     "<|endoftext|>",
@@ -59,6 +60,38 @@ def build_tokenizer():  # type: ignore[no-untyped-def]
     return tokenizer
 
 
+def _is_built(path: Path) -> bool:
+    return (path / "config.json").is_file() and (path / "model.safetensors").is_file()
+
+
+def _text_config(tokenizer: Any, hidden: int, layers: int, max_positions: int) -> dict[str, Any]:
+    """The decoder's size and special-token ids, shared by the text-only and the vision-language checkpoint."""
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS}
+    return {
+        "vocab_size": len(tokenizer),
+        "hidden_size": hidden,
+        "intermediate_size": hidden * 2,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": max_positions,
+        "bos_token_id": ids["<|endoftext|>"],
+        "eos_token_id": ids["<|im_end|>"],
+        "pad_token_id": ids["<|endoftext|>"],
+    }
+
+
+def _save(path: Path, model: Any, tokenizer: Any, *, seed: int, hidden: int, layers: int) -> Path:
+    """Generation stops at <|im_end|>; writes the tokenizer, the weights and a note that they are random."""
+    model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    model.generation_config.pad_token_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(path)
+    model.save_pretrained(path)
+    (path / "tiny.json").write_text(json.dumps({"seed": seed, "hidden": hidden, "layers": layers, "random": True}))
+    return path
+
+
 def build_tiny_checkpoint(path: Path, *, seed: int = 0, hidden: int = 64, layers: int = 2) -> Path:
     """Write a random tiny Qwen2.5-VL checkpoint with its processor to `path` (idempotent: kept if complete)."""
     import torch
@@ -69,23 +102,14 @@ def build_tiny_checkpoint(path: Path, *, seed: int = 0, hidden: int = 64, layers
     )
 
     path = Path(path)
-    if (path / "config.json").is_file() and (path / "model.safetensors").is_file():
+    if _is_built(path):
         return path
     tokenizer = build_tokenizer()
     ids = {token: tokenizer.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS}
     config = Qwen2_5_VLConfig(
         text_config={
-            "vocab_size": len(tokenizer),
-            "hidden_size": hidden,
-            "intermediate_size": hidden * 2,
-            "num_hidden_layers": layers,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "max_position_embeddings": 32768,
+            **_text_config(tokenizer, hidden, layers, max_positions=32768),
             "rope_scaling": {"type": "mrope", "mrope_section": [4, 2, 2]},
-            "bos_token_id": ids["<|endoftext|>"],
-            "eos_token_id": ids["<|im_end|>"],
-            "pad_token_id": ids["<|endoftext|>"],
         },
         vision_config={
             "depth": 1,
@@ -103,16 +127,11 @@ def build_tiny_checkpoint(path: Path, *, seed: int = 0, hidden: int = 64, layers
     )
     torch.manual_seed(seed)
     model = Qwen2_5_VLForConditionalGeneration(config)
-    model.generation_config.eos_token_id = ids["<|im_end|>"]
-    model.generation_config.pad_token_id = ids["<|endoftext|>"]
     # Tokenizer and image processor are saved apart: the combined processor also wants a video processor,
     # which needs torchvision (no CPU build here); the policy server expands image tokens itself.
     path.mkdir(parents=True, exist_ok=True)
-    tokenizer.save_pretrained(path)
     Qwen2VLImageProcessorPil(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS).save_pretrained(path)
-    model.save_pretrained(path)
-    (path / "tiny.json").write_text(json.dumps({"seed": seed, "hidden": hidden, "layers": layers, "random": True}))
-    return path
+    return _save(path, model, tokenizer, seed=seed, hidden=hidden, layers=layers)
 
 
 def build_tiny_text_checkpoint(path: Path, *, seed: int = 0, hidden: int = 64, layers: int = 2) -> Path:
@@ -122,32 +141,12 @@ def build_tiny_text_checkpoint(path: Path, *, seed: int = 0, hidden: int = 64, l
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     path = Path(path)
-    if (path / "config.json").is_file() and (path / "model.safetensors").is_file():
+    if _is_built(path):
         return path
     tokenizer = build_tokenizer()
-    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS}
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden,
-        intermediate_size=hidden * 2,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        bos_token_id=ids["<|endoftext|>"],
-        eos_token_id=ids["<|im_end|>"],
-        pad_token_id=ids["<|endoftext|>"],
-        tie_word_embeddings=True,
-    )
+    config = Qwen2Config(**_text_config(tokenizer, hidden, layers, max_positions=4096), tie_word_embeddings=True)
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
-    model.generation_config.eos_token_id = ids["<|im_end|>"]
-    model.generation_config.pad_token_id = ids["<|endoftext|>"]
-    path.mkdir(parents=True, exist_ok=True)
-    tokenizer.save_pretrained(path)
-    model.save_pretrained(path)
-    (path / "tiny.json").write_text(json.dumps({"seed": seed, "hidden": hidden, "layers": layers, "random": True}))
-    return path
+    return _save(path, Qwen2ForCausalLM(config), tokenizer, seed=seed, hidden=hidden, layers=layers)
 
 
 def main() -> None:
