@@ -143,18 +143,18 @@ class LocalPolicy:
 
 
 class RemotePolicy:
-    """OpenAI chat completions (vLLM or the embedded server). Image parts given as file paths are sent as data URLs.
-    `version` is what the caller last synchronised to the server (see `training.sync`)."""
+    """OpenAI chat completions (vLLM or the embedded server) through the live annotation's `PolicyClient` (retries,
+    back-off, one error type). `base_url` is the client's, ending in /v1. Image parts given as file paths are sent as
+    data URLs. `version` and `model` are what the caller last synchronised to the server (docs/training.md)."""
 
     def __init__(self, base_url: str, model: str, sampling: SamplingParams | None = None, api_key: str = "",
                  timeout_s: float = 120.0):  # fmt: skip
-        import httpx
+        from training.policy.client import PolicyClient
 
         self.model = model
         self.sampling = sampling or SamplingParams()
         self.version = 0
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s)
+        self.client = PolicyClient(base_url, model, api_key=api_key, timeout_s=timeout_s, constrain=False)
 
     def generate(self, conversations: list[list[dict[str, Any]]]) -> tuple[list[Reply], int]:
         version = self.version
@@ -169,9 +169,7 @@ class RemotePolicy:
             "temperature": self.sampling.temperature,
             "top_p": self.sampling.top_p,
         }
-        response = self.http.post("/v1/chat/completions", json=body)
-        response.raise_for_status()
-        choice = response.json()["choices"][0]
+        choice = self.client.complete(body)["choices"][0]
         return Reply(choice["message"]["content"] or "", choice.get("finish_reason") == "length"), version
 
 

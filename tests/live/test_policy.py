@@ -89,3 +89,23 @@ def test_an_unreachable_server_fails_after_the_retries():
     client = PolicyClient("http://127.0.0.1:9/v1", "m", retries=2, timeout_s=1)
     with pytest.raises(PolicyError, match="failed after 3 tries"):
         client.propose([{"role": "user", "content": "hi"}], width=10, height=10)
+
+
+def test_trainer_rollouts_reach_the_embedded_server_with_images_as_data_urls(policy_url, tmp_path):
+    from training.envs import CopyEnv
+    from training.rollout import RemotePolicy, SamplingParams, run_episode
+
+    Image.new("RGB", (56, 56), "white").save(tmp_path / "shot.png")
+    remote = RemotePolicy(policy_url, "tiny-uitars", SamplingParams(max_new_tokens=3))
+    remote.version = 4
+    image_turn = [{"role": "user", "content": [{"type": "text", "text": "what is this"},
+                                               {"type": "image", "image": "shot.png"}]}]  # fmt: skip
+    reply, version = remote.generate_one(image_turn, base_dir=tmp_path)
+    assert version == 4 and isinstance(reply.text, str)
+    episode = run_episode(CopyEnv(turns=2), remote.generate_one, seed=3)
+    assert [m["version"] for m in episode.messages if m["role"] == "assistant"] == [4, 4]
+    # one token: either the end token (an empty reply that stopped) or a cut reply, as the server's finish_reason says
+    remote.sampling = SamplingParams(max_new_tokens=1)
+    for seed in range(4):
+        reply, _ = remote.generate_one(CopyEnv().reset(seed))
+        assert reply.truncated == (reply.text != "")
