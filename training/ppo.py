@@ -13,6 +13,7 @@ import copy
 import itertools
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,7 +130,7 @@ class PPOTrainer:
 
     # --- rollouts --------------------------------------------------------------------------------------------------
 
-    def seeds(self) -> itertools.count | Any:
+    def seeds(self) -> Iterator[int]:
         """Seed n of this rank, each repeated group_size times (a group = one task played several times)."""
         group = self.cfg.group_size
         return (s for s in self._seed_counter for _ in range(group))
@@ -149,9 +150,11 @@ class PPOTrainer:
         batch = {k: v.to(self.device) for k, v in collate(samples, self.tokenizer.pad_token_id).items()}
         mask = batch["loss_mask"][:, 1:]
         rewards = batch["rewards"][:, 1:].clone()
-        old_log_probs, _ = token_log_probs(self.actor, batch)
-        batch.update(mask=mask, old_log_probs=old_log_probs)
+        batch["mask"] = mask
         kl = torch.zeros_like(mask)
+        if self.train_actor or cfg.kl_coef > 0:  # value pretraining without KL never looks at the policy's ratios
+            old_log_probs, _ = token_log_probs(self.actor, batch)
+            batch["old_log_probs"] = old_log_probs
         if cfg.kl_coef > 0:
             batch["ref_log_probs"] = self._reference_log_probs(batch)
             kl = algos.kl_penalty(old_log_probs, batch["ref_log_probs"], cfg.kl_estimator) * mask
@@ -163,10 +166,10 @@ class PPOTrainer:
         lam_policy: float | torch.Tensor = cfg.lam_policy
         if cfg.length_adaptive:
             lam_policy = algos.length_adaptive_lambda(mask, cfg.alpha)
-        advantages, returns = algos.decoupled_gae(rewards, values, mask, gamma=cfg.gamma, lam_critic=cfg.lam_critic,
+        # value pretraining fits Monte-Carlo targets (λ = 1), whatever λ_critic says
+        lam_critic = cfg.lam_critic if self.train_actor else 1.0
+        advantages, returns = algos.decoupled_gae(rewards, values, mask, gamma=cfg.gamma, lam_critic=lam_critic,
                                                   lam_policy=lam_policy)  # fmt: skip
-        if not self.train_actor:  # value pretraining: Monte-Carlo targets, whatever λ_critic says
-            _, returns = algos.gae(rewards, values, mask, gamma=cfg.gamma, lam=1.0)
         if cfg.advantage != "gae":
             outcomes = torch.tensor([episode_return(e) for e in episodes], device=self.device)
             groups = torch.tensor([int(e.meta.get("seed", i)) for i, e in enumerate(episodes)], device=self.device)

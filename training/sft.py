@@ -93,6 +93,7 @@ def train_sft(cfg: SFTConfig) -> dict[str, Any]:
         state = checkpoints.load(found, models={"model": model}, optimizers={"model": optimizer})
         step, consumed = state["step"], state["consumed"]
         schedule.last_epoch = step
+    # One full pass before training: it counts the steps and fails fast on a bad line, not hours into the run.
     total = sum(1 for _ in read_episodes(cfg.data)) * cfg.epochs
     planned = math.ceil(total / cfg.batch_episodes)
     if cfg.max_steps:
