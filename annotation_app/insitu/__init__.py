@@ -1,0 +1,1 @@
+"""Server-side processing of think-aloud captures: audio decoding, speech recognition, alignment to actions."""
