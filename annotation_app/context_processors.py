@@ -8,6 +8,7 @@ from .permissions import Capability, can
 
 NAV = [
     ("annotate", "My queue", Capability.ANNOTATE),
+    ("insitu", "Think-aloud", Capability.ANNOTATE),
     ("lead", "Task pool", Capability.MANAGE_TASKS),
     ("flywheel", "Flywheel", Capability.VIEW_FLYWHEEL),
 ]

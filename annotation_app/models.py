@@ -302,3 +302,62 @@ class LiveSession(models.Model):
     @property
     def open(self) -> bool:
         return self.status in (self.Status.STARTING, self.Status.ACTIVE)
+
+
+class Capture(models.Model):
+    """A think-aloud session (UI-TARS-2 §2.4.1): uploaded in resumable chunks by the recorder, or recorded in the
+    browser, then unpacked, transcribed, reduced to actions and aligned into an in-situ trajectory."""
+
+    class Source(models.TextChoices):
+        RECORDER = "recorder", "Recorder"
+        BROWSER = "browser", "Browser"
+
+    class Status(models.TextChoices):
+        RECEIVING = "receiving", "Receiving"  # chunks still arriving
+        QUEUED = "queued", "Queued"
+        PROCESSING = "processing", "Processing"
+        READY = "ready", "Ready for review"  # the annotator checks and fixes the timeline
+        SUBMITTED = "submitted", "Submitted"
+        FAILED = "failed", "Failed"
+
+    annotator = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="captures")
+    session_id = models.UUIDField(help_text="Chosen by the recorder; uploads are idempotent on it.")
+    source = models.CharField(max_length=10, choices=Source.choices, default=Source.RECORDER)
+    task = models.ForeignKey(
+        Task, null=True, blank=True, on_delete=models.SET_NULL, related_name="captures", help_text="Empty: free-form."
+    )
+    instruction = models.TextField(blank=True)
+    size = models.PositiveBigIntegerField(help_text="Bytes of the whole archive.")
+    sha256 = models.CharField(max_length=64)
+    received = models.PositiveBigIntegerField(default=0, help_text="Bytes stored so far (the resume offset).")
+    status = models.CharField(max_length=12, choices=Status.choices, default=Status.RECEIVING)
+    stage = models.CharField(max_length=40, blank=True, help_text="What processing is doing now.")
+    progress = models.FloatField(default=0.0, help_text="0..1 through processing.")
+    error = models.TextField(blank=True)
+    trajectory = models.OneToOneField(
+        Trajectory, null=True, blank=True, on_delete=models.SET_NULL, related_name="capture"
+    )
+    meta = models.JSONField(default=dict, blank=True, help_text="The capture's session.json.")
+    transcript = models.JSONField(default=dict, blank=True, help_text="ASR output: words with times, segments.")
+    alignment = models.JSONField(
+        default=list, blank=True, help_text="Per step: the spoken words (capture clock) and the raw transcript text."
+    )
+    warnings = models.JSONField(default=list, blank=True)
+    flags = models.JSONField(default=list, blank=True, help_text="Curation: too_short, no_speech, near_duplicate…")
+    signature = models.JSONField(default=dict, blank=True, help_text="Screen hashes and action sequence, for dedup.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["annotator", "session_id"], name="one_capture_per_session"),
+        ]
+
+    def __str__(self) -> str:
+        return f"capture {self.pk} by {self.annotator_id} ({self.status})"
+
+    @property
+    def archive_path(self) -> str:
+        """Where the uploaded archive lives in storage (relative to MEDIA_ROOT)."""
+        return f"captures/{self.pk}/capture.tar"

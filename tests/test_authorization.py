@@ -5,10 +5,12 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
-from annotation_app.models import LiveSession, Task, Trajectory
+from annotation_app.models import Capture, LiveSession, Task, Trajectory
 
 from .conftest import ROLES, api_client_for
 from .factories import ModelVersionFactory, StepFactory, TaskFactory, TrajectoryFactory
@@ -34,6 +36,19 @@ MATRIX: list[tuple[str, str, str, set[str]]] = [
     ("live-validate", "post", "api", set()),
     ("live-end", "post", "api", set()),
     ("live-vnc-token", "post", "api", set()),
+    ("insitu", "get", "page", {A, S}),
+    ("insitu-token", "post", "page", {A, S}),
+    # A capture is seen and changed by its own annotator only (see tests/insitu/test_uploads.py).
+    ("insitu-capture-page", "get", "page", set()),
+    ("insitu-retry", "post", "page", set()),
+    ("insitu-delete", "post", "page", set()),
+    ("insitu-upload-start", "post", "api", {A, S}),
+    ("insitu-upload", "get", "api", set()),
+    ("insitu-upload", "put", "api", set()),
+    ("insitu-capture", "get", "api", set()),
+    ("insitu-capture", "delete", "api", set()),
+    ("insitu-thought", "put", "api", set()),
+    ("insitu-submit", "post", "api", set()),
     ("lead", "get", "page", {L, S}),
     ("lead-import", "post", "page", {L, S}),
     ("trajectory", "get", "page", EVERYONE),  # annotators: their own trajectories only (tested below)
@@ -95,7 +110,10 @@ def objects(db):
     LiveSession.objects.create(
         trajectory=trajectory, status=LiveSession.Status.ACTIVE, model_width=100, model_height=80
     )
-    return {"task": task, "trajectory": trajectory, "model": ModelVersionFactory(), "step": step}
+    capture = Capture.objects.create(
+        annotator=trajectory.annotator, session_id=uuid.uuid4(), size=10, sha256="0" * 64, trajectory=trajectory
+    )
+    return {"task": task, "trajectory": trajectory, "model": ModelVersionFactory(), "step": step, "capture": capture}
 
 
 def _url(name: str, objects) -> str:
@@ -109,6 +127,10 @@ def _url(name: str, objects) -> str:
         return reverse(name, args=[objects["model"].pk])
     if name.startswith("live") and name not in {"live-start", "live-open"}:
         return reverse(name, args=[objects["trajectory"].pk])
+    if name == "insitu-thought":
+        return reverse(name, args=[objects["capture"].pk, 0])
+    if name.startswith("insitu-") and name not in {"insitu-token", "insitu-upload-start"}:
+        return reverse(name, args=[objects["capture"].pk])
     if name == "media":
         return objects["step"].screenshot.url
     return reverse(name)

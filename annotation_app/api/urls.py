@@ -5,7 +5,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, Spec
 from rest_framework.authtoken.views import obtain_auth_token
 from rest_framework.routers import DefaultRouter
 
-from . import live, views
+from . import insitu, live, views
 
 router = DefaultRouter(trailing_slash=True)
 router.include_root_view = False
@@ -22,6 +22,11 @@ urlpatterns = [
     path("live/<int:pk>/validate/", live.LiveValidateView.as_view(), name="live-validate"),
     path("live/<int:pk>/end/", live.LiveEndView.as_view(), name="live-end"),
     path("live/<int:pk>/vnc-token/", live.LiveVncTokenView.as_view(), name="live-vnc-token"),
+    path("insitu/uploads/", insitu.UploadStartView.as_view(), name="insitu-upload-start"),
+    path("insitu/uploads/<int:pk>/", insitu.UploadView.as_view(), name="insitu-upload"),
+    path("insitu/captures/<int:pk>/", insitu.TimelineView.as_view(), name="insitu-capture"),
+    path("insitu/captures/<int:pk>/steps/<int:index>/thought/", insitu.ThoughtView.as_view(), name="insitu-thought"),
+    path("insitu/captures/<int:pk>/submit/", insitu.SubmitView.as_view(), name="insitu-submit"),
     path("me/", views.WhoAmIView.as_view(), name="me"),
     path("auth/token/", obtain_auth_token, name="auth-token"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),

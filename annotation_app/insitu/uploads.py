@@ -1,0 +1,196 @@
+"""Resumable, checksummed capture uploads (docs/in-situ.md): start or resume, append chunks, verify, queue processing.
+
+Bytes go straight to the archive file under MEDIA_ROOT; the row's `received` is the resume offset and only moves
+after the bytes are on disk (fsync), so an interrupted request never leaves the offset ahead of the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import uuid
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+
+from ..models import Capture, User
+from ..permissions import tasks_visible_to
+from ..trajectories import Conflict, Invalid
+from ..uploads import UploadRejected
+
+CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
+SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+class GapError(Conflict):
+    """A chunk starts past what was received; `offset` says where to continue (HTTP 409)."""
+
+    def __init__(self, message: str, offset: int):
+        super().__init__(message)
+        self.offset = offset
+
+
+def archive_file(capture: Capture) -> Path:
+    return Path(settings.MEDIA_ROOT) / capture.archive_path
+
+
+def start_upload(
+    annotator: User,
+    *,
+    session_id: uuid.UUID,
+    size: int,
+    sha256: str,
+    task_id: int | None = None,
+    instruction: str = "",
+) -> tuple[Capture, bool]:
+    """The capture for this session, created (True) or as far as it got (False) when the same archive comes again."""
+    sha256 = sha256.lower()
+    if not SHA256.fullmatch(sha256):
+        raise Invalid("sha256 must be 64 hexadecimal characters.")
+    if size <= 0:
+        raise Invalid("size must be a positive number of bytes; an empty archive is not a capture.")
+    if size > settings.MAX_CAPTURE_BYTES:
+        raise UploadRejected(
+            f"The capture is {size / 2**20:,.0f} MiB; the limit is {settings.MAX_CAPTURE_BYTES / 2**20:,.0f} MiB. "
+            "Split long sessions into several recordings.",
+            status=413,
+        )
+    existing = Capture.objects.filter(annotator=annotator, session_id=session_id).first()
+    if existing is not None:
+        if existing.sha256 != sha256 or existing.size != size:
+            raise Conflict(
+                f"Session {session_id} was already uploaded with different contents (capture {existing.pk}); "
+                "a changed recording needs a new session id."
+            )
+        return existing, False
+    task = None
+    if task_id is not None:
+        task = tasks_visible_to(annotator).filter(pk=task_id).first()
+        if task is None:
+            raise Invalid(f"Task {task_id} is not one of yours: take it from the queue, or record it free-form.")
+        instruction = instruction or task.instruction
+    elif not instruction.strip():
+        raise Invalid("A free-form recording needs the instruction you worked on.")
+    capture = Capture.objects.create(
+        annotator=annotator,
+        session_id=session_id,
+        size=size,
+        sha256=sha256,
+        task=task,
+        instruction=instruction.strip(),
+    )
+    path = archive_file(capture)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"")
+    return capture, True
+
+
+def parse_content_range(header: str | None, body_length: int) -> tuple[int, int, int]:
+    """(start, end exclusive, total) from `bytes START-END/TOTAL`, checked against the body."""
+    match = CONTENT_RANGE.fullmatch((header or "").strip())
+    if not match:
+        raise Invalid("Content-Range must be `bytes START-END/TOTAL` (END inclusive).")
+    start, last, total = (int(g) for g in match.groups())
+    if last < start or last - start + 1 != body_length:
+        raise Invalid(f"Content-Range says {last - start + 1} bytes but the body has {body_length}.")
+    return start, last + 1, total
+
+
+def write_chunk(
+    capture_id: int, annotator: User, *, content_range: str | None, sha256: str | None, body: bytes
+) -> Capture:
+    """Store one chunk; duplicates of stored bytes are accepted without change, gaps are refused with the offset."""
+    if len(body) > settings.MAX_CAPTURE_CHUNK_BYTES:
+        raise UploadRejected(f"Chunks are at most {settings.MAX_CAPTURE_CHUNK_BYTES:,} bytes.", status=413)
+    if not body:
+        raise Invalid("The chunk is empty.")
+    start, end, total = parse_content_range(content_range, len(body))
+    if not sha256 or hashlib.sha256(body).hexdigest() != sha256.lower():
+        raise Invalid("The chunk's X-Chunk-Sha256 does not match its bytes; nothing was stored. Send it again.")
+    with transaction.atomic():
+        capture = Capture.objects.select_for_update().filter(pk=capture_id, annotator=annotator).first()
+        if capture is None:
+            raise LookupError
+        if total != capture.size:
+            raise Invalid(f"Content-Range total {total} differs from the upload's size {capture.size}.")
+        if capture.status != Capture.Status.RECEIVING:
+            if end <= capture.size:
+                return capture  # a late duplicate after completion
+            raise Conflict(f"The upload is already {capture.get_status_display().lower()}.")
+        path = archive_file(capture)
+        if start > capture.received:
+            raise GapError(
+                f"The chunk starts at byte {start} but only {capture.received} were received.", capture.received
+            )
+        if end <= capture.received:  # all of it stored already: a retry whose answer was lost
+            if _stored(path, start, end) != body:
+                raise Conflict(
+                    f"Bytes {start}-{end - 1} differ from what was stored before; resume at {capture.received}."
+                )
+            return capture
+        with path.open("r+b") as out:
+            out.seek(start)
+            out.write(body)
+            out.truncate()
+            out.flush()
+            os.fsync(out.fileno())
+        capture.received = end
+        update = ["received", "updated_at"]
+        mismatch = end == capture.size and _file_sha256(path) != capture.sha256
+        if mismatch:  # start over: the reset must be saved, so the error is raised after the commit
+            capture.received = 0
+            path.write_bytes(b"")
+        elif end == capture.size:
+            capture.status = Capture.Status.QUEUED
+            capture.stage = "queued"
+            update += ["status", "stage"]
+            transaction.on_commit(lambda: _enqueue(capture.pk))
+        capture.save(update_fields=update)
+    if mismatch:
+        raise ChecksumMismatch(
+            "The assembled capture does not match its SHA-256; it was discarded. Upload it again from the start."
+        )
+    return capture
+
+
+class ChecksumMismatch(Invalid):
+    """The whole archive's checksum failed; the upload was reset to offset 0."""
+
+
+def _stored(path: Path, start: int, end: int) -> bytes:
+    with path.open("rb") as f:
+        f.seek(start)
+        return f.read(end - start)
+
+
+def _file_sha256(path: Path) -> str:
+    sha = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 20):
+            sha.update(block)
+    return sha.hexdigest()
+
+
+def _enqueue(capture_id: int) -> None:
+    from ..asr import process_capture
+
+    process_capture.delay(capture_id)
+
+
+def describe(capture: Capture) -> dict[str, Any]:
+    """The upload's state as the API reports it."""
+    return {
+        "id": capture.pk,
+        "session_id": str(capture.session_id),
+        "offset": capture.received,
+        "size": capture.size,
+        "status": capture.status,
+        "chunk_size": settings.CAPTURE_CHUNK_BYTES,
+        "capture": capture.pk,
+        "stage": capture.stage,
+        "progress": capture.progress,
+        "error": capture.error,
+    }

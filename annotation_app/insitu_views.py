@@ -1,0 +1,89 @@
+"""Pages of in-situ think-aloud capture: the annotator's captures (and recorder token), and a capture's timeline."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_POST
+from rest_framework.authtoken.models import Token
+
+from .insitu import pipeline, timeline
+from .models import Capture
+from .permissions import Capability, requires
+from .trajectories import Conflict
+
+
+def _own(request: HttpRequest, pk: int) -> Capture:
+    capture = Capture.objects.select_related("trajectory", "task").filter(pk=pk, annotator=request.user).first()
+    if capture is None:
+        raise Http404("No such capture.")
+    return capture
+
+
+@require_GET
+@requires(Capability.ANNOTATE)
+def captures(request: HttpRequest) -> HttpResponse:
+    """The annotator's captures with their processing state, and how to connect the recorder."""
+    rows = Capture.objects.filter(annotator=request.user).select_related("task")[:100]
+    context = {
+        "captures": rows,
+        "busy": any(c.status in ("receiving", "queued", "processing") for c in rows),
+        "has_token": Token.objects.filter(user=request.user).exists(),
+        "server": request.build_absolute_uri("/").rstrip("/"),
+    }
+    if request.htmx:
+        return render(request, "annotation_app/_captures_table.html", context)
+    return render(request, "annotation_app/insitu.html", context)
+
+
+@require_POST
+@requires(Capability.ANNOTATE)
+def recorder_token(request: HttpRequest) -> HttpResponse:
+    """A new API token for the recorder (the old one stops working); shown once."""
+    Token.objects.filter(user=request.user).delete()
+    token = Token.objects.create(user=request.user)
+    context = {"token": token.key, "server": request.build_absolute_uri("/").rstrip("/")}
+    return render(request, "annotation_app/_recorder_token.html", context)
+
+
+@require_GET
+@requires(Capability.ANNOTATE)
+def capture_page(request: HttpRequest, pk: int) -> HttpResponse:
+    """The timeline: audio with the words highlighted as it plays, steps with screenshots and editable thoughts."""
+    capture = _own(request, pk)
+    recording = capture.trajectory.recordings.first() if capture.trajectory else None
+    context = {
+        "capture": capture,
+        "data": timeline.timeline_json(capture) if capture.status in ("ready", "submitted") else None,
+        "audio_url": recording.audio.url if recording and recording.audio else "",
+        "editable": capture.status == Capture.Status.READY,
+    }
+    if request.htmx:  # the status poll: once processing is over, the whole page reloads to show the timeline
+        response = render(request, "annotation_app/_capture_status.html", context)
+        if capture.status not in (Capture.Status.RECEIVING, Capture.Status.QUEUED, Capture.Status.PROCESSING):
+            response["HX-Refresh"] = "true"
+        return response
+    return render(request, "annotation_app/capture.html", context)
+
+
+@require_POST
+@requires(Capability.ANNOTATE)
+def capture_retry(request: HttpRequest, pk: int) -> HttpResponse:
+    try:
+        pipeline.requeue(_own(request, pk))
+    except Conflict as exc:
+        messages.error(request, str(exc))
+    return redirect("insitu-capture-page", pk=pk)
+
+
+@require_POST
+@requires(Capability.ANNOTATE)
+def capture_delete(request: HttpRequest, pk: int) -> HttpResponse:
+    try:
+        timeline.delete_capture(_own(request, pk))
+    except Conflict as exc:
+        messages.error(request, str(exc))
+        return redirect("insitu-capture-page", pk=pk)
+    messages.info(request, "The capture and its files were deleted.")
+    return redirect("insitu")
