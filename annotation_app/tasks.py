@@ -3,6 +3,9 @@
 from celery import shared_task
 
 from . import task_queue
+from .asr import process_capture  # the asr queue's tasks live beside their routing prefix; import registers them
+
+__all__ = ["process_capture", "propose_live", "release_stale_assignments", "start_live"]
 
 
 @shared_task

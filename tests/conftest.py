@@ -1,9 +1,12 @@
 """Shared fixtures: one user per role and API clients authenticated with their tokens."""
 
+import os
+import sys
 import time
 from pathlib import Path
 
 import pytest
+from django.conf import settings
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
@@ -83,3 +86,18 @@ def no_process_left_behind():
     while (left := _our_processes() - before) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not left, f"processes left running after the tests: {sorted(left)}"
+
+
+@pytest.fixture
+def worker(transactional_db, tmp_path):
+    """A `celery worker` subprocess consuming every queue, pointed at pytest's test database."""
+    from annotation_app.celery import app
+
+    from .servers import running, subprocess_env
+
+    command = [sys.executable, "-m", "celery", "-A", "annotation_app", "worker", "--pool", "solo", "--loglevel", "INFO"]
+    command += ["-Q", ",".join(settings.CELERY_QUEUES), "--without-gossip", "--without-mingle"]
+    command += ["-n", f"test-{os.getpid()}@%h"]
+    app.control.purge()
+    with running(command, subprocess_env(), tmp_path / "worker.log", lambda: bool(app.control.ping(timeout=0.5))):
+        yield tmp_path / "worker.log"

@@ -1,7 +1,5 @@
 """Celery through a real worker process on the real Redis broker, against the test database."""
 
-import os
-import sys
 from datetime import timedelta
 
 import pytest
@@ -13,18 +11,6 @@ from annotation_app.celery import app
 from annotation_app.models import Assignment, Task
 
 from .factories import AssignmentFactory
-from .servers import running, subprocess_env
-
-
-@pytest.fixture
-def worker(transactional_db, tmp_path):
-    """A `celery worker` subprocess consuming every queue, pointed at pytest's test database."""
-    command = [sys.executable, "-m", "celery", "-A", "annotation_app", "worker", "--pool", "solo", "--loglevel", "INFO"]
-    command += ["-Q", ",".join(settings.CELERY_QUEUES), "--without-gossip", "--without-mingle"]
-    command += ["-n", f"test-{os.getpid()}@%h"]
-    app.control.purge()
-    with running(command, subprocess_env(), tmp_path / "worker.log", lambda: bool(app.control.ping(timeout=0.5))):
-        yield
 
 
 @pytest.mark.slow
