@@ -8,7 +8,9 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 from rest_framework.authtoken.models import Token
 
-from .insitu import pipeline, timeline
+from sandbox.client import SandboxError
+
+from .insitu import browser, pipeline, timeline
 from .models import Capture
 from .permissions import Capability, requires
 from .trajectories import Conflict
@@ -87,3 +89,15 @@ def capture_delete(request: HttpRequest, pk: int) -> HttpResponse:
         return redirect("insitu-capture-page", pk=pk)
     messages.info(request, "The capture and its files were deleted.")
     return redirect("insitu")
+
+
+@require_POST
+@requires(Capability.ANNOTATE)
+def browser_start(request: HttpRequest) -> HttpResponse:
+    """Record the current task in the browser: a sandbox desktop is leased and its setup run."""
+    try:
+        capture = browser.open_browser_capture(request.user)
+    except (Conflict, SandboxError) as exc:
+        messages.error(request, getattr(exc, "detail", None) or str(exc))
+        return redirect("insitu")
+    return redirect("insitu-capture-page", pk=capture.pk)

@@ -313,6 +313,7 @@ class Capture(models.Model):
         BROWSER = "browser", "Browser"
 
     class Status(models.TextChoices):
+        RECORDING = "recording", "Recording"  # in the browser, on a sandbox desktop
         RECEIVING = "receiving", "Receiving"  # chunks still arriving
         QUEUED = "queued", "Queued"
         PROCESSING = "processing", "Processing"

@@ -19,6 +19,7 @@ urlpatterns = [
     path("live/<int:pk>/", live_views.live_page, name="live"),
     path("insitu/", insitu_views.captures, name="insitu"),
     path("insitu/token/", insitu_views.recorder_token, name="insitu-token"),
+    path("insitu/browser/", insitu_views.browser_start, name="insitu-browser-start"),
     path("insitu/<int:pk>/", insitu_views.capture_page, name="insitu-capture-page"),
     path("insitu/<int:pk>/retry/", insitu_views.capture_retry, name="insitu-retry"),
     path("insitu/<int:pk>/delete/", insitu_views.capture_delete, name="insitu-delete"),

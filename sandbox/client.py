@@ -86,6 +86,15 @@ class SandboxClient:
         """Lease a session: a virtual desktop, or (`kind="browser"`) one Chromium page."""
         return self._call("POST", "/sessions", json={"owner": self.owner, "ttl_s": ttl_s, "kind": kind}).json()
 
+    def capture_start(self, session_id: str, *, instruction: str = "", task_id: int | None = None) -> float:
+        """Start think-aloud capture on the session's desktop; the capture clock now (seconds)."""
+        body = {"owner": self.owner, "instruction": instruction, "task_id": task_id}
+        return float(self._call("POST", f"/sessions/{session_id}/capture", json=body).json()["t"])
+
+    def capture_stop(self, session_id: str) -> bytes:
+        """Stop the capture; its archive (no audio: the browser records that)."""
+        return self._call("POST", f"/sessions/{session_id}/capture/stop", params={"owner": self.owner}).content
+
     def verify(self, session_id: str, script: str) -> Any:
         """Value of a JavaScript verifier snippet in a browser session's page."""
         return self._call(

@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
 from .actions import ActionSyntaxError, action_to_dict, parse_actions
+from .capture import CaptureConflict, Captures
 from .desktop import DesktopError, UnsupportedAction
 from .isolation import isolation_available
 from .leases import LeaseExpired, LeaseNotFound, LeaseStore, NoCapacity, NotLeaseOwner
@@ -45,6 +46,7 @@ ERRORS: list[tuple[type[Exception], int, str]] = [
     (FileNotFoundError, 404, "file_not_found"),
     (NotADirectoryError, 400, "not_a_directory"),
     (TaskConfigError, 400, "task_config"),
+    (CaptureConflict, 409, "capture_conflict"),
 ]
 
 
@@ -150,13 +152,25 @@ class ShellResponse(BaseModel):
     duration_s: float
 
 
+class CaptureStartRequest(BaseModel):
+    owner: str
+    instruction: str = Field(default="", max_length=10_000)
+    task_id: int | None = None
+
+
+class CaptureStartResponse(BaseModel):
+    t: float = Field(description="The capture clock (seconds) when recording started answering: align audio to it.")
+
+
 def create_app(manager: SessionManager, api_key: str, *, reclaim_every_s: float = 5.0) -> FastAPI:
     """The API over `manager`; a background thread reclaims dead or expired sessions and refills the warm pool."""
     stop = threading.Event()
+    captures = Captures()
 
     def housekeeping() -> None:
         while not stop.wait(reclaim_every_s):
-            manager.reclaim()
+            for session_id, _ in manager.reclaim():
+                captures.discard(session_id)
             manager.fill_warm_pool()
 
     @asynccontextmanager
@@ -167,6 +181,7 @@ def create_app(manager: SessionManager, api_key: str, *, reclaim_every_s: float 
         yield
         stop.set()
         worker.join(timeout=10)
+        await run_in_threadpool(captures.close)
         await run_in_threadpool(manager.shutdown)
 
     app = FastAPI(title="Sandbox service", version="0.1.0", description=__doc__, lifespan=lifespan)
@@ -199,6 +214,8 @@ def create_app(manager: SessionManager, api_key: str, *, reclaim_every_s: float 
 
     @app.delete("/sessions/{session_id}", dependencies=auth, status_code=204)
     def release(session_id: str, owner: str = Query()) -> Response:
+        manager.get(session_id, owner)
+        captures.discard(session_id)
         manager.release(session_id, owner)
         revoke_tokens(manager.leases, session_id)
         return Response(status_code=204)
@@ -211,6 +228,19 @@ def create_app(manager: SessionManager, api_key: str, *, reclaim_every_s: float 
         return VncTokenResponse(
             token=mint_token(manager.leases, session_id, body.owner, body.user, session.desktop.vnc_socket, body.ttl_s)
         )
+
+    @app.post("/sessions/{session_id}/capture", dependencies=auth, status_code=201)
+    def capture_start(session_id: str, body: CaptureStartRequest) -> CaptureStartResponse:
+        """Record the desktop's input events and pre-action frames (think-aloud in the browser; no audio here)."""
+        session = manager.get(session_id, body.owner)
+        return CaptureStartResponse(t=captures.start(session, instruction=body.instruction, task_id=body.task_id))
+
+    @app.post("/sessions/{session_id}/capture/stop", dependencies=auth, response_class=Response)
+    def capture_stop(session_id: str, owner: str = Query()) -> Response:
+        """Stop recording; the body is the capture archive (docs/in-situ.md) without audio."""
+        manager.get(session_id, owner)
+        archive, at = captures.stop(session_id)
+        return Response(archive, media_type="application/x-tar", headers={"X-Capture-Stopped-At": f"{at:.3f}"})
 
     @app.post("/sessions/{session_id}/verify", dependencies=auth)
     def verify(session_id: str, body: VerifyRequest) -> dict[str, Any]:

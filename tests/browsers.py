@@ -12,12 +12,12 @@ from sandbox.browser import CHROMIUM, CHROMIUM_ARGS
 
 
 @contextmanager
-def chromium_pages(base_url: str) -> Iterator[Callable[[], Page]]:
+def chromium_pages(base_url: str, extra_args: tuple[str, ...] = ()) -> Iterator[Callable[[], Page]]:
     """Yields a factory of fresh pages on `base_url`; after the block, no page may have thrown a JavaScript error.
 
     Playwright's sync API keeps an event loop on this thread: set DJANGO_ALLOW_ASYNC_UNSAFE for ORM calls here."""
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--headless", *CHROMIUM_ARGS])
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--headless", *CHROMIUM_ARGS, *extra_args])
         errors: list[str] = []
 
         def new_page() -> Page:

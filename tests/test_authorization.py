@@ -38,6 +38,7 @@ MATRIX: list[tuple[str, str, str, set[str]]] = [
     ("live-vnc-token", "post", "api", set()),
     ("insitu", "get", "page", {A, S}),
     ("insitu-token", "post", "page", {A, S}),
+    ("insitu-browser-start", "post", "page", {A, S}),
     # A capture is seen and changed by its own annotator only (see tests/insitu/test_uploads.py).
     ("insitu-capture-page", "get", "page", set()),
     ("insitu-retry", "post", "page", set()),
@@ -49,6 +50,9 @@ MATRIX: list[tuple[str, str, str, set[str]]] = [
     ("insitu-capture", "delete", "api", set()),
     ("insitu-thought", "put", "api", set()),
     ("insitu-submit", "post", "api", set()),
+    ("insitu-record", "post", "api", set()),
+    ("insitu-finish", "post", "api", set()),
+    ("insitu-vnc-token", "post", "api", set()),
     ("lead", "get", "page", {L, S}),
     ("lead-import", "post", "page", {L, S}),
     ("trajectory", "get", "page", EVERYONE),  # annotators: their own trajectories only (tested below)
@@ -129,7 +133,7 @@ def _url(name: str, objects) -> str:
         return reverse(name, args=[objects["trajectory"].pk])
     if name == "insitu-thought":
         return reverse(name, args=[objects["capture"].pk, 0])
-    if name.startswith("insitu-") and name not in {"insitu-token", "insitu-upload-start"}:
+    if name.startswith("insitu-") and name not in {"insitu-token", "insitu-upload-start", "insitu-browser-start"}:
         return reverse(name, args=[objects["capture"].pk])
     if name == "media":
         return objects["step"].screenshot.url

@@ -5,15 +5,16 @@ Only the capture's own annotator sees or changes it; everyone else gets 404 (an 
 
 from __future__ import annotations
 
-from django.http import Http404
+from django.conf import settings
+from django.http import Http404, UnreadablePostError
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
-from rest_framework.parsers import BaseParser, JSONParser
+from rest_framework.parsers import BaseParser, JSONParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ..insitu import timeline, uploads
+from ..insitu import browser, timeline, uploads
 from ..models import Capture
 from ..permissions import Capability, allows
 
@@ -106,12 +107,16 @@ class UploadView(CaptureView):
     def put(self, request: Request, pk: int) -> Response:
         own_capture(request, pk)
         try:
+            body = request.body
+        except UnreadablePostError:  # the client dropped mid-chunk: nothing stored, it resumes from the offset
+            return Response({"detail": "The chunk was cut off; resume from the offset."}, status=400)
+        try:
             capture = uploads.write_chunk(
                 pk,
                 request.user,
                 content_range=request.headers.get("Content-Range"),
                 sha256=request.headers.get("X-Chunk-Sha256"),
-                body=request.body,
+                body=body,
             )
         except uploads.GapError as exc:
             return Response({"detail": str(exc), "offset": exc.offset}, status=status.HTTP_409_CONFLICT)
@@ -153,3 +158,41 @@ class SubmitView(CaptureView):
     @extend_schema(request=None, responses={200: UPLOAD_STATE})
     def post(self, request: Request, pk: int) -> Response:
         return Response(uploads.describe(timeline.submit_capture(own_capture(request, pk))))
+
+
+class FinishSerializer(serializers.Serializer):
+    audio = serializers.FileField(required=False, help_text="What the page's MediaRecorder recorded (WebM/Ogg/WAV).")
+    audio_offset = serializers.FloatField(
+        default=0.0, min_value=-3600, max_value=86400, help_text="Capture-clock time of the audio's first sample."
+    )
+
+
+class RecordView(CaptureView):
+    """Browser capture: start recording the sandbox desktop's input events; answers the capture clock."""
+
+    @extend_schema(request=None, responses={201: inline_serializer("RecordStarted", {"t": serializers.FloatField()})})
+    def post(self, request: Request, pk: int) -> Response:
+        return Response({"t": browser.start_recording(own_capture(request, pk))}, status=status.HTTP_201_CREATED)
+
+
+class FinishView(CaptureView):
+    """Browser capture: stop, attach the page's audio, release the desktop and queue processing."""
+
+    parser_classes = [MultiPartParser]
+
+    @extend_schema(request=FinishSerializer, responses={200: UPLOAD_STATE})
+    def post(self, request: Request, pk: int) -> Response:
+        capture = own_capture(request, pk)
+        form = FinishSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        data = form.validated_data
+        return Response(uploads.describe(browser.finish_recording(capture, data.get("audio"), data["audio_offset"])))
+
+
+class CaptureVncTokenView(CaptureView):
+    """Browser capture: a websockify token for the desktop being recorded (interactive: the annotator drives it)."""
+
+    @extend_schema(request=None, responses={201: inline_serializer("CaptureVnc", {"token": serializers.CharField()})})
+    def post(self, request: Request, pk: int) -> Response:
+        token = browser.vnc_token(own_capture(request, pk), request.user)
+        return Response({"token": token, "port": settings.VNC_PUBLIC_PORT}, status=status.HTTP_201_CREATED)

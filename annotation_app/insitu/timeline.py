@@ -53,6 +53,10 @@ def delete_capture(capture: Capture) -> None:
         raise Conflict("A submitted capture belongs to the review now; ask a data lead to remove it.")
     if capture.status == Capture.Status.PROCESSING:
         raise Conflict("The capture is being processed; delete it once that finishes.")
+    if capture.status == Capture.Status.RECORDING:
+        from .browser import abandon
+
+        abandon(capture)  # give the sandbox desktop back first
     pk, trajectory = capture.pk, capture.trajectory
     with transaction.atomic():
         capture.delete()

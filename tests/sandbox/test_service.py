@@ -4,6 +4,7 @@ import io
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
@@ -137,3 +138,36 @@ def test_browser_sessions_navigate_verify_and_evaluate(client, tmp_path):
     finally:
         client.release(sid)
         server.shutdown()
+
+
+def test_think_aloud_capture_records_the_desktop_and_hands_back_the_archive(client):
+    import json
+    import tarfile
+
+    sid = client.allocate(ttl_s=60)["session_id"]
+    try:
+        t0 = client.capture_start(sid, instruction="type a word")
+        assert 0 <= t0 < 5
+        with pytest.raises(SandboxError) as twice:
+            client.capture_start(sid)
+        assert twice.value.status == 409
+        time.sleep(2.0)
+        client.step(sid, "click(start_box='(644,406)')", observe=False)
+        client.step(sid, "click(start_box='(100,100)')", observe=False)
+        client.step(sid, "type(content='hi')", observe=False)
+        archive = client.capture_stop(sid)
+    finally:
+        client.release(sid)
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        names = tar.getnames()
+        meta = json.load(tar.extractfile("session.json"))
+        events = [json.loads(line) for line in tar.extractfile("events.jsonl").read().splitlines()]
+    assert meta["platform"] == "sandbox" and meta["instruction"] == "type a word" and meta["screen"]["width"] == 1280
+    kinds = [e["type"] for e in events]
+    assert kinds.count("down") == 2 and kinds.count("up") == 2, events
+    assert [e["key"] for e in events if e["type"] == "key_down"][-2:] == ["h", "i"], events
+    frames = [e["file"] for e in events if e["type"] == "screenshot"]
+    assert frames and all(f in names for f in frames)
+    with pytest.raises(SandboxError) as gone:
+        client.capture_stop(sid)
+    assert gone.value.status in (404, 409)

@@ -1,0 +1,168 @@
+"""Think-aloud in the browser: the annotator drives a sandbox desktop over VNC while the page records the microphone.
+
+The sandbox service captures input events and frames on the desktop's X display (sandbox.capture); when the
+annotator stops, the page sends its audio and the offset between the two clocks, and the server adds the audio to
+the sandbox's archive. From there it is an ordinary capture: the same pipeline processes it.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import io
+import json
+import tarfile
+import uuid
+
+from django.conf import settings
+from django.core.files.uploadedfile import UploadedFile
+from django.db import transaction
+
+from sandbox.client import SandboxClient, SandboxError
+from sandbox.client import connection as sandbox_connection
+
+from ..models import Capture, User
+from ..task_queue import current_assignment
+from ..trajectories import Conflict, Invalid
+from ..uploads import AUDIO_FORMATS, check_upload
+from .uploads import _enqueue, archive_file
+
+BROWSER_AUDIO = {"audio/webm": "webm", "audio/ogg": "ogg", "audio/wav": "wav"}
+
+
+@functools.cache
+def _http(base_url: str, api_key: str):  # type: ignore[no-untyped-def]
+    return sandbox_connection(base_url, api_key, timeout_s=300)
+
+
+def sandbox_for(capture: Capture) -> SandboxClient:
+    http = _http(settings.SANDBOX_URL, settings.SANDBOX_API_KEY)
+    return SandboxClient(settings.SANDBOX_URL, settings.SANDBOX_API_KEY, f"capture:{capture.pk}", http=http)
+
+
+def open_browser_capture(annotator: User) -> Capture:
+    """Lease a desktop for the annotator's current task, run its setup and start capturing its input events."""
+    assignment = current_assignment(annotator)
+    if assignment is None:
+        raise Conflict("Take a task from the queue first.")
+    task = assignment.task
+    capture = Capture.objects.create(
+        annotator=annotator,
+        session_id=uuid.uuid4(),
+        source=Capture.Source.BROWSER,
+        task=task,
+        instruction=task.instruction,
+        size=0,
+        sha256="",
+        status=Capture.Status.RECORDING,
+        stage="starting the desktop",
+    )
+    client = sandbox_for(capture)
+    session_id = ""
+    try:
+        session_id = client.allocate(ttl_s=settings.LIVE_LEASE_TTL_S)["session_id"]
+        if task.setup_config:
+            client.setup(session_id, task.setup_config)
+    except SandboxError as exc:
+        if session_id:
+            _release_quietly(client, session_id)
+        Capture.objects.filter(pk=capture.pk).update(
+            status=Capture.Status.FAILED, stage="failed", error=f"The sandbox could not be prepared: {exc.detail}"
+        )
+        capture.refresh_from_db()
+        return capture
+    Capture.objects.filter(pk=capture.pk).update(meta={"sandbox_session": session_id}, stage="ready to record")
+    capture.refresh_from_db()
+    return capture
+
+
+def _session(capture: Capture) -> str:
+    if capture.source != Capture.Source.BROWSER or capture.status != Capture.Status.RECORDING:
+        raise Conflict(f"This capture is {capture.get_status_display().lower()}, not recording in the browser.")
+    return capture.meta["sandbox_session"]
+
+
+def vnc_token(capture: Capture, user: User) -> str:
+    client = sandbox_for(capture)
+    return client.vnc_token(_session(capture), f"user:{user.pk}", settings.LIVE_LEASE_TTL_S)
+
+
+def start_recording(capture: Capture) -> float:
+    """Start the event capture on the desktop; the capture clock when it answered (the page aligns its audio)."""
+    session_id = _session(capture)
+    client = sandbox_for(capture)
+    client.renew(session_id, settings.LIVE_LEASE_TTL_S)
+    t = client.capture_start(session_id, instruction=capture.instruction, task_id=capture.task_id)
+    Capture.objects.filter(pk=capture.pk).update(stage="recording")
+    return t
+
+
+def finish_recording(capture: Capture, audio: UploadedFile | None, audio_offset: float) -> Capture:
+    """Stop the desktop capture, add the browser's audio to its archive, release the desktop and queue processing."""
+    session_id = _session(capture)
+    if audio is not None:
+        checked = check_upload(audio, what="audio", max_bytes=settings.MAX_AUDIO_BYTES, formats=AUDIO_FORMATS)
+        if checked.content_type not in BROWSER_AUDIO:
+            raise Invalid(f"Browser audio must be WebM, Ogg or WAV, not {checked.content_type}.")
+    client = sandbox_for(capture)
+    archive = client.capture_stop(session_id)
+    _release_quietly(client, session_id)
+    files, meta = {}, {"session_id": str(capture.session_id)}
+    if audio is not None:
+        name = f"audio.{BROWSER_AUDIO[checked.content_type]}"
+        files[name] = audio.read()
+        meta["audio"] = {"file": name, "offset": round(audio_offset, 3)}
+    archive = rewrite(archive, files, meta)
+    path = archive_file(capture)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(archive)
+    with transaction.atomic():
+        Capture.objects.filter(pk=capture.pk).update(
+            size=len(archive),
+            received=len(archive),
+            sha256=hashlib.sha256(archive).hexdigest(),
+            status=Capture.Status.QUEUED,
+            stage="queued",
+        )
+        transaction.on_commit(lambda: _enqueue(capture.pk))
+    capture.refresh_from_db()
+    return capture
+
+
+def abandon(capture: Capture) -> None:
+    """Give the desktop back without keeping anything (the annotator cancelled)."""
+    session_id = _session(capture)
+    client = sandbox_for(capture)
+    _release_quietly(client, session_id)
+    Capture.objects.filter(pk=capture.pk).update(
+        status=Capture.Status.FAILED, stage="failed", error="Recording cancelled."
+    )
+
+
+def rewrite(archive: bytes, change: dict[str, bytes], meta_update: dict) -> bytes:
+    """The archive with files added or replaced and session.json updated."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=io.BytesIO(archive)) as src, tarfile.open(fileobj=out, mode="w") as dst:
+        for member in src:
+            if member.name in change:
+                continue
+            data = src.extractfile(member) if member.isfile() else None
+            if member.name == "session.json" and data is not None:
+                meta = {**json.load(data), **meta_update}
+                body = json.dumps(meta).encode()
+                member.size = len(body)
+                dst.addfile(member, io.BytesIO(body))
+            else:
+                dst.addfile(member, data)
+        for name, body in change.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(body)
+            dst.addfile(info, io.BytesIO(body))
+    return out.getvalue()
+
+
+def _release_quietly(client: SandboxClient, session_id: str) -> None:
+    try:
+        client.release(session_id)
+    except SandboxError:
+        pass  # the lease expires by itself
