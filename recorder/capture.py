@@ -380,9 +380,10 @@ class Capture:
     def _recording(self) -> bool:
         return self._started and not self._stopping and not self._paused
 
-    @staticmethod
-    def _event(kind: str, t: float, **fields: Any) -> dict[str, Any]:
-        return {"type": kind, "t": t, "wall": round(time.time(), 6), **fields}
+    def _event(self, kind: str, t: float, **fields: Any) -> dict[str, Any]:
+        """An event at `t` on the capture's clock; `wall` is the Unix time at that moment (it may have been earlier
+        than now: input events carry their own time)."""
+        return {"type": kind, "t": t, "wall": round(time.time() - (self.now() - t), 6), **fields}
 
     def _push(self, events: list[tuple[dict[str, Any], Frame | None]]) -> None:
         """Queue events for the writer, in order, with non-decreasing t (call with the lock held)."""
