@@ -120,9 +120,9 @@ class PPOTrainer:
         trainable = [p for p in self.actor.parameters() if p.requires_grad]
         self.optimizers: dict[str, torch.optim.Optimizer] = {}
         if train_actor:
-            self.optimizers["actor"] = torch.optim.AdamW(trainable, lr=cfg.actor_lr, weight_decay=0.0)
+            self.optimizers["actor"] = adamw(trainable, cfg.actor_lr)
         if self.critic is not None:
-            self.optimizers["critic"] = torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic_lr, weight_decay=0.0)
+            self.optimizers["critic"] = adamw(self.critic.parameters(), cfg.critic_lr)
         sampling = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p)
         self.policy = LocalPolicy(self.actor, self.renderer, sampling, max_batch=max(cfg.concurrency, 1))
         self.version = 0
@@ -367,6 +367,16 @@ class PPOTrainer:
                 self.critic.save_pretrained(self.out / "critic")
         dist.barrier()
         return {"step": step, **metrics}
+
+
+def adamw(params: Any, lr: float) -> torch.optim.Optimizer:
+    """AdamW without weight decay, on torch's fused kernel when every parameter is a float tensor on the CPU or a
+    CUDA device (the models are moved there before this): one kernel per step over all tensors instead of the plain
+    loop's ~10 small ops per tensor. Same update rule; on 2 CPU cores a step of the 2.4M-parameter tiny model takes
+    1.3 ms instead of 4.4 ms, and stays cheap when the cores are oversubscribed (bench/ppo_vs_trl.py)."""
+    params = list(params)
+    fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, fused=fused or None)
 
 
 def _jsonable(value: Any) -> Any:
