@@ -59,10 +59,15 @@ def _policy_http(base_url: str, api_key: str, timeout_s: float) -> httpx.Client:
     return policy_connection(base_url, api_key, timeout_s)
 
 
-def sandbox_for(trajectory_id: int) -> SandboxClient:
-    """The sandbox service, as the owner of this trajectory's lease (over this process's shared connections)."""
+def sandbox_as(owner: str) -> SandboxClient:
+    """The sandbox service, acting for `owner` (over this process's shared connections)."""
     http = _sandbox_http(settings.SANDBOX_URL, settings.SANDBOX_API_KEY)
-    return SandboxClient(settings.SANDBOX_URL, settings.SANDBOX_API_KEY, f"trajectory:{trajectory_id}", http=http)
+    return SandboxClient(settings.SANDBOX_URL, settings.SANDBOX_API_KEY, owner, http=http)
+
+
+def sandbox_for(trajectory_id: int) -> SandboxClient:
+    """The sandbox service, as the owner of this trajectory's lease."""
+    return sandbox_as(f"trajectory:{trajectory_id}")
 
 
 def policy_for(model: ModelVersion) -> PolicyClient:
@@ -146,7 +151,7 @@ def start(live_id: int) -> None:
         jpeg = client.observe(live.sandbox_session_id)
     except SandboxError as exc:
         if live.sandbox_session_id:
-            _release_quietly(client, live.sandbox_session_id)
+            release_quietly(client, live.sandbox_session_id)
         fail(live, f"The sandbox could not be prepared: {exc.detail}")
         return
     finally:
@@ -352,7 +357,7 @@ def end_live(live: LiveSession, reason: str, *, release: bool = True) -> LiveSes
         trajectory.save(update_fields=["metadata", "updated_at"])
     if release and live.sandbox_session_id:
         client = sandbox_for(live.trajectory_id)
-        _release_quietly(client, live.sandbox_session_id)
+        release_quietly(client, live.sandbox_session_id)
         client.close()
     if reason in ENDING_ACTIONS.values() and trajectory.status == Trajectory.Status.IN_PROGRESS:
         submit(trajectory)
@@ -360,7 +365,7 @@ def end_live(live: LiveSession, reason: str, *, release: bool = True) -> LiveSes
     return live
 
 
-def _release_quietly(client: SandboxClient, session_id: str) -> None:
+def release_quietly(client: SandboxClient, session_id: str) -> None:
     try:
         client.release(session_id)
     except SandboxError as exc:  # already gone: that is the state we wanted

@@ -7,7 +7,6 @@ the sandbox's archive. From there it is an ordinary capture: the same pipeline p
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import io
 import json
@@ -19,8 +18,8 @@ from django.core.files.uploadedfile import UploadedFile
 from django.db import transaction
 
 from sandbox.client import SandboxClient, SandboxError
-from sandbox.client import connection as sandbox_connection
 
+from ..live import release_quietly, sandbox_as
 from ..models import Capture, User
 from ..task_queue import current_assignment
 from ..trajectories import Conflict, Invalid
@@ -30,14 +29,9 @@ from .uploads import _enqueue, archive_file
 BROWSER_AUDIO = {"audio/webm": "webm", "audio/ogg": "ogg", "audio/wav": "wav"}
 
 
-@functools.cache
-def _http(base_url: str, api_key: str):  # type: ignore[no-untyped-def]
-    return sandbox_connection(base_url, api_key, timeout_s=300)
-
-
 def sandbox_for(capture: Capture) -> SandboxClient:
-    http = _http(settings.SANDBOX_URL, settings.SANDBOX_API_KEY)
-    return SandboxClient(settings.SANDBOX_URL, settings.SANDBOX_API_KEY, f"capture:{capture.pk}", http=http)
+    """The sandbox service, as the owner of this capture's desktop lease."""
+    return sandbox_as(f"capture:{capture.pk}")
 
 
 def open_browser_capture(annotator: User) -> Capture:
@@ -65,7 +59,7 @@ def open_browser_capture(annotator: User) -> Capture:
             client.setup(session_id, task.setup_config)
     except SandboxError as exc:
         if session_id:
-            _release_quietly(client, session_id)
+            release_quietly(client, session_id)
         Capture.objects.filter(pk=capture.pk).update(
             status=Capture.Status.FAILED, stage="failed", error=f"The sandbox could not be prepared: {exc.detail}"
         )
@@ -106,7 +100,7 @@ def finish_recording(capture: Capture, audio: UploadedFile | None, audio_offset:
             raise Invalid(f"Browser audio must be WebM, Ogg or WAV, not {checked.content_type}.")
     client = sandbox_for(capture)
     archive = client.capture_stop(session_id)
-    _release_quietly(client, session_id)
+    release_quietly(client, session_id)
     files, meta = {}, {"session_id": str(capture.session_id)}
     if audio is not None:
         name = f"audio.{BROWSER_AUDIO[checked.content_type]}"
@@ -133,7 +127,7 @@ def abandon(capture: Capture) -> None:
     """Give the desktop back without keeping anything (the annotator cancelled)."""
     session_id = _session(capture)
     client = sandbox_for(capture)
-    _release_quietly(client, session_id)
+    release_quietly(client, session_id)
     Capture.objects.filter(pk=capture.pk).update(
         status=Capture.Status.FAILED, stage="failed", error="Recording cancelled."
     )
@@ -159,10 +153,3 @@ def rewrite(archive: bytes, change: dict[str, bytes], meta_update: dict) -> byte
             info.size = len(body)
             dst.addfile(info, io.BytesIO(body))
     return out.getvalue()
-
-
-def _release_quietly(client: SandboxClient, session_id: str) -> None:
-    try:
-        client.release(session_id)
-    except SandboxError:
-        pass  # the lease expires by itself

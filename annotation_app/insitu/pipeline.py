@@ -27,7 +27,7 @@ from . import curate
 from .align import AlignedStep, align
 from .archive import CaptureError, CaptureFiles, unpack
 from .audio import AudioError, load_audio
-from .events import EventLogError, parse_lines
+from .events import EventLog, EventLogError, parse_lines
 from .reduce import ReducedAction, reduce_events
 
 log = logging.getLogger(__name__)
@@ -134,7 +134,7 @@ def _process(capture: Capture, progress: Progress) -> None:
         trajectory.recordings.all().delete()
         for index, step in enumerate(steps):
             _save_step(trajectory, index, step, root, files, refined[index] if refined else None)
-        _save_recording(trajectory, files, transcript, event_log.duration)
+        _save_recording(trajectory, files, transcript, event_log)
         Capture.objects.filter(pk=capture.pk).update(
             trajectory=trajectory,
             meta=files.session,
@@ -260,8 +260,10 @@ def _save_step(
     step.save()
 
 
-def _save_recording(trajectory: Trajectory, files: CaptureFiles, transcript: dict[str, Any], duration: float) -> None:
-    recording = Recording(trajectory=trajectory, duration_s=duration, event_count=0)
+def _save_recording(
+    trajectory: Trajectory, files: CaptureFiles, transcript: dict[str, Any], event_log: EventLog
+) -> None:
+    recording = Recording(trajectory=trajectory, duration_s=event_log.duration, event_count=len(event_log.events))
     recording.transcript = [
         {"start": s["start"], "end": s["end"], "text": s["text"]} for s in transcript.get("segments", [])
     ]
@@ -271,7 +273,5 @@ def _save_recording(trajectory: Trajectory, files: CaptureFiles, transcript: dic
         with files.audio.open("rb") as audio:
             recording.audio.save(f"audio.{suffix}", File(audio), save=False)
     with files.events.open("rb") as events:
-        recording.event_count = sum(1 for line in events if line.strip())
-        events.seek(0)
         recording.events.save("events.jsonl", File(events), save=False)
     recording.save()

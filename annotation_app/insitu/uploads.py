@@ -167,11 +167,8 @@ def _stored(path: Path, start: int, end: int) -> bytes:
 
 
 def _file_sha256(path: Path) -> str:
-    sha = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(1 << 20):
-            sha.update(block)
-    return sha.hexdigest()
+    with path.open("rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()
 
 
 def _enqueue(capture_id: int) -> None:
