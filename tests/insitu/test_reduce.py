@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from annotation_app.insitu.align import Attach, align
-from annotation_app.insitu.events import EventLogError, parse_lines
+from annotation_app.insitu.events import EventLogError, check_event, parse_lines
 from annotation_app.insitu.reduce import reduce_events
 from sandbox.actions import format_action
 
@@ -147,11 +147,77 @@ def test_event_log_orders_by_monotonic_clock_and_reports_jumps():
         ('{"t": 1, "type": "key_down", "key": ""}', "`key` must be a non-empty string"),
         ('{"t": 1, "type": "screenshot", "file": "../../etc/passwd"}', "relative path inside the capture"),
         ("[1, 2]", "must be a JSON object"),
+        # pointer moves take a fast path; one that fails it is judged by check_event, field by field
+        ('{"t": 1, "type": "move", "x": true, "y": 2}', "events.jsonl:1: `x` must be a number, got True"),
+        ('{"t": 1, "type": "move", "x": 1, "y": "2"}', "events.jsonl:1: `y` must be a number, got '2'"),
+        ('{"t": 1, "type": "move", "x": 1}', "events.jsonl:1: `y` must be a number, got None"),
+        ('{"t": 1, "wall": null, "type": "move", "x": 1, "y": 2}', "events.jsonl:1: `wall` must be a number"),
+        ('{"t": -0.5, "type": "move", "x": 1, "y": 2}', "events.jsonl:1: `t` must be seconds"),
+        # NaN, Infinity and 1e400 are not JSON (orjson refuses them) but json.loads reads them: judged as before
+        (
+            '{"t": NaN, "type": "move", "x": 1, "y": 2}',
+            "events.jsonl:1: `t` must be seconds since the session started, got nan",
+        ),
+        ('{"t": Infinity, "type": "move", "x": 1, "y": 2}', "`t` must be seconds since the session started, got inf"),
+        ('{"t": 1e400, "type": "move", "x": 1, "y": 2}', "`t` must be seconds since the session started, got inf"),
+        ('{"t": 1, "type": "move", "x": 1, "y": 2}{}', "events.jsonl:1: not valid JSON (Extra data: line 1 column 41"),
     ],
 )
 def test_bad_event_lines_name_the_line_and_field(line, message):
     with pytest.raises(EventLogError, match=message.replace("(", r"\(").replace("[", r"\[")):
         parse_lines([line])
+
+
+def test_a_bad_line_deep_in_a_large_log_names_its_line():
+    good = [json.dumps({"t": i / 60, "wall": 1_795_000_000 + i / 60, "type": "move", "x": i % 1280, "y": 5}).encode()
+            + b"\n" for i in range(60_000)]  # fmt: skip
+    good[1000] = b"\n"  # blank lines are skipped but still counted
+    good[2000] = b"   \r\n"
+    assert len(parse_lines(good).events) == 59_998
+    for number, line, message in [
+        (31_337, b'{"t": 1, "type": "move", "x": 1, "y": 2\n', "events.jsonl:31337: not valid JSON (Expecting ','"),
+        (45_001, b'{"t": 1, "type": "move", "x": false, "y": 2}\n', "events.jsonl:45001: `x` must be a number"),
+        (59_999, b'{"t": 1, "type": "key_down", "key": "\xff"}\n', "events.jsonl:59999: not valid JSON ('utf-8' codec"),
+        (60_000, b'{"t": 1, "type": "key_down"}\n', "events.jsonl:60000: `key` must be a non-empty string"),
+    ]:
+        lines = good.copy()
+        lines[number - 1] = line
+        with pytest.raises(EventLogError) as caught:
+            parse_lines(lines)
+        assert str(caught.value).startswith(message)
+
+
+def test_lines_orjson_refuses_but_json_reads_are_accepted_as_before():
+    bom = b'\xef\xbb\xbf{"t": 0, "type": "window", "title": "Inbox"}\n'  # a UTF-8 byte order mark
+    surrogate = b'{"t": 1, "type": "key_down", "key": "\\ud83d"}\n'  # half a surrogate pair
+    log = parse_lines([bom, surrogate, '{"t": 2, "type": "move", "x": 1, "y": 2}'])
+    assert [e["type"] for e in log.events] == ["window", "key_down", "move"] and log.events[1]["key"] == "\ud83d"
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"x": 1, "y": 2},
+        {"x": 1.5, "y": -2, "wall": 3},
+        {"x": 1, "y": 2, "wall": "3"},
+        {"x": None, "y": 2},
+        {"x": [1], "y": 2},
+        {"x": 1, "y": 2, "t": "0"},
+        {"x": 1, "y": 2, "t": True},
+        {"x": 1, "y": 2, "t": None},
+        {"x": 1, "y": 2, "t": -0.0},
+        {"x": 1, "y": 2, "t": 10**19},
+    ],
+)
+def test_the_move_fast_path_agrees_with_check_event(fields):
+    event = {"t": 0.25, "type": "move", **fields}
+    try:
+        check_event(dict(event), "events.jsonl:1")
+    except EventLogError as exc:
+        with pytest.raises(EventLogError, match=f"^{exc}$".replace("(", r"\(").replace("[", r"\[")):
+            parse_lines([json.dumps(event)])
+    else:
+        assert parse_lines([json.dumps(event)]).events == [event]
 
 
 def test_event_limit():
