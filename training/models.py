@@ -7,6 +7,7 @@ ordinary directory that PPO starts from.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,8 +99,10 @@ class Critic(nn.Module):
             critic.value_head.load_state_dict(load_file(head))
         return critic.to(dtype)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **vision: Any) -> torch.Tensor:
-        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, **vision)
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **inputs: Any
+                ) -> torch.Tensor:  # fmt: skip
+        """(B, T) values; takes what `model_inputs` gives (a packed batch has `position_ids` and no attention mask)."""
+        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, **inputs)
         return self.value_head(out.last_hidden_state).squeeze(-1).float()
 
     def save_pretrained(self, out: Path) -> Path:
@@ -113,16 +116,63 @@ def vision_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: batch[k] for k in VISION_KEYS if k in batch}
 
 
-def token_log_probs(model: Any, batch: dict[str, torch.Tensor], *, entropy: bool = False
-                    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The forward arguments of a padded batch (input ids, attention mask, images) or of a packed one (input ids,
+    position ids; see training.packing)."""
+    keys = ("input_ids", "position_ids") if "position_ids" in batch else ("input_ids", "attention_mask")
+    # no KV cache: a scoring pass never reuses it, and transformers only recognises packed rows without one
+    return {k: batch[k] for k in keys} | vision_inputs(batch) | {"use_cache": False}
+
+
+def token_log_probs(
+    model: Any,
+    batch: dict[str, torch.Tensor],
+    *,
+    only: torch.Tensor | None = None,
+    entropy: bool = False,
+    entropy_grad: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log π(x_t | x_<t) for t = 1..T−1, shape (B, T−1), and the entropy of each of those distributions if asked.
-    Uses logsumexp rather than a full log-softmax copy, which matters with 150k-token vocabularies."""
+
+    `only` (B, T−1), nonzero where a value is needed (the trained tokens): the vocabulary projection and the
+    normaliser are computed there alone, zeros elsewhere. With a 150k-token vocabulary the projection is most of a
+    small model's work, so skipping prompt and observation positions roughly halves a PPO step. The entropy is a
+    metric unless an entropy bonus trains on it, so `entropy_grad=False` keeps its softmax out of the autograd graph.
+    """
     ids = batch["input_ids"]
-    logits = model(input_ids=ids, attention_mask=batch["attention_mask"], **vision_inputs(batch)).logits[:, :-1]
+    targets = ids[:, 1:]
+    keep = None if only is None else only.bool()
+    kwargs: dict[str, Any] = {}
+    if keep is not None and _accepts_logits_to_keep(model):
+        kwargs["logits_to_keep"] = torch.nn.functional.pad(keep, (0, 1), value=False)  # (B, T): no target after T
+    logits = model(**model_inputs(batch), **kwargs).logits
+    if "logits_to_keep" in kwargs:
+        chosen_ids = targets[keep]  # logits is (N, V): the kept positions, row-major
+    else:
+        logits = logits[:, :-1]
+        chosen_ids = targets
+        if keep is not None:
+            logits, chosen_ids = logits[keep], targets[keep]
     logits = logits.float()
     normaliser = torch.logsumexp(logits, dim=-1)
-    chosen = logits.gather(-1, ids[:, 1:, None]).squeeze(-1) - normaliser
+    chosen = logits.gather(-1, chosen_ids[..., None]).squeeze(-1) - normaliser
     ent = None
     if entropy:
-        ent = normaliser - (torch.softmax(logits, dim=-1) * logits).sum(-1)
-    return chosen, ent
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            ent = normaliser - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    if keep is None:
+        return chosen, ent
+    return _scatter(chosen, keep), None if ent is None else _scatter(ent, keep)
+
+
+def _scatter(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Values of the kept positions back into a (B, T−1) tensor with zeros elsewhere (differentiable)."""
+    return torch.zeros(keep.shape, dtype=values.dtype, device=values.device).masked_scatter(keep, values)
+
+
+def _accepts_logits_to_keep(model: Any) -> bool:
+    """Whether the causal LM under DDP/peft wrappers takes `logits_to_keep` (transformers ≥ 4.50 models do)."""
+    inner = getattr(model, "module", model)  # DistributedDataParallel
+    if hasattr(inner, "get_base_model"):  # peft
+        inner = inner.get_base_model()
+    return "logits_to_keep" in inspect.signature(inner.forward).parameters

@@ -21,11 +21,11 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from training import algos, checkpoints, dist
+from training import algos, checkpoints, dist, packing
 from training.data import Episode, Renderer, collate
 from training.envs import make_text_env
 from training.metrics import MetricsLogger
-from training.models import Critic, LoraSettings, load_actor, load_tokenizer, save_actor, token_log_probs, vision_inputs
+from training.models import Critic, LoraSettings, load_actor, load_tokenizer, model_inputs, save_actor, token_log_probs
 from training.rewards import Shaping
 from training.rollout import LocalPolicy, RolloutPool, SamplingParams, collect_sync, episode_return
 
@@ -55,6 +55,7 @@ class PPOConfig:
     ppo_epochs: int = 1
     minibatches: int = 1  # optimizer steps per epoch (each over 1/minibatches of the batch)
     grad_clip: float = 1.0
+    pack: bool = True  # padding-free forward passes: sequences share rows (training.packing); text-only batches
     # advantages
     advantage: str = "gae"  # "gae" (actor-critic), "grpo" or "pass_at_k" (critic-free, per group)
     gamma: float = 1.0
@@ -152,17 +153,23 @@ class PPOTrainer:
         rewards = batch["rewards"][:, 1:].clone()
         batch["mask"] = mask
         kl = torch.zeros_like(mask)
+        layout = self._packing(batch)
+        inputs = batch if layout is None else packing.pack(batch, layout)
+
+        def per_token(values: torch.Tensor) -> torch.Tensor:
+            return values if layout is None else packing.unpack(values, layout)
+
         if self.train_actor or cfg.kl_coef > 0:  # value pretraining without KL never looks at the policy's ratios
-            old_log_probs, _ = token_log_probs(self.actor, batch)
+            old_log_probs = per_token(token_log_probs(self.actor, inputs, only=inputs["mask"])[0])
             batch["old_log_probs"] = old_log_probs
         if cfg.kl_coef > 0:
-            batch["ref_log_probs"] = self._reference_log_probs(batch)
+            batch["ref_log_probs"] = per_token(self._reference_log_probs(inputs))
             kl = algos.kl_penalty(old_log_probs, batch["ref_log_probs"], cfg.kl_estimator) * mask
             if cfg.kl_in == "reward":
                 rewards = rewards - cfg.kl_coef * kl
         values = torch.zeros_like(mask)
         if self.critic is not None:
-            values = self.critic(batch["input_ids"], batch["attention_mask"], **vision_inputs(batch))[:, :-1] * mask
+            values = per_token(self.critic(**model_inputs(inputs))[:, :-1]) * mask
         lam_policy: float | torch.Tensor = cfg.lam_policy
         if cfg.length_adaptive:
             lam_policy = algos.length_adaptive_lambda(mask, cfg.alpha)
@@ -195,6 +202,12 @@ class PPOTrainer:
         }
         return batch
 
+    def _packing(self, batch: dict[str, Any]) -> packing.Packing | None:
+        """How a batch's sequences share rows, or None to keep it padded (packing off, or images in the batch)."""
+        if not self.cfg.pack or "pixel_values" in batch:
+            return None
+        return packing.plan(batch["attention_mask"])
+
     def staleness_of(self, episode: Episode) -> int:
         """How many versions behind the trainer the oldest turn of an episode was generated."""
         versions = [m.get("version", self.version) for m in episode.messages if m["role"] == "assistant"]
@@ -202,9 +215,9 @@ class PPOTrainer:
 
     def _reference_log_probs(self, batch: dict[str, Any]) -> torch.Tensor:
         if self.reference is not None:
-            return token_log_probs(self.reference, batch)[0]
+            return token_log_probs(self.reference, batch, only=batch["mask"])[0]
         with self.actor.disable_adapter():  # LoRA: the base model is the reference, no second copy
-            return token_log_probs(self.actor, batch)[0]
+            return token_log_probs(self.actor, batch, only=batch["mask"])[0]
 
     # --- updates ---------------------------------------------------------------------------------------------------
 
@@ -223,6 +236,8 @@ class PPOTrainer:
                     mini = batch
                 else:
                     mini = {k: v[part] for k, v in batch.items() if isinstance(v, torch.Tensor)}
+                    if (layout := self._packing(mini)) is not None:
+                        mini = packing.pack(mini, layout)
                 tokens = dist.all_sum(float(mini["mask"].sum()))
                 for key, value in self._minibatch_step(mini, tokens).items():
                     sums[key] = sums.get(key, 0.0) + value
@@ -234,7 +249,9 @@ class PPOTrainer:
         mask = mini["mask"]
         out: dict[str, float] = {}
         if self.train_actor:
-            log_probs, entropy = token_log_probs(self.actor_ddp, mini, entropy=True)
+            log_probs, entropy = token_log_probs(
+                self.actor_ddp, mini, only=mask, entropy=True, entropy_grad=cfg.entropy_coef != 0
+            )
             loss, stats = algos.policy_loss(log_probs, mini["old_log_probs"], mini["advantages"], mask,
                                             eps_low=cfg.eps_low, eps_high=cfg.eps_high,
                                             dual_clip=cfg.dual_clip or None, global_tokens=global_tokens)  # fmt: skip
@@ -255,7 +272,7 @@ class PPOTrainer:
                 **stats,
             )
         if self.critic is not None and self.critic_ddp is not None:
-            values = self.critic_ddp(mini["input_ids"], mini["attention_mask"], **vision_inputs(mini))[:, :-1]
+            values = self.critic_ddp(**model_inputs(mini))[:, :-1]
             loss_v = algos.value_loss(values, mini["values"], mini["returns"], mask,
                                       clip=cfg.value_clip or None, global_tokens=global_tokens)  # fmt: skip
             (loss_v * self.world).backward()

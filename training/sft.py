@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from training import checkpoints, dist
+from training import checkpoints, dist, packing
 from training.data import Episode, Renderer, collate, read_episodes
 from training.metrics import MetricsLogger
 from training.models import LoraSettings, load_actor, load_tokenizer, save_actor, token_log_probs
@@ -68,8 +68,11 @@ def episode_batches(path: str, size: int, epochs: int, skip: int) -> Iterator[li
 
 def masked_nll_sum(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Σ −log π over the trained tokens of a micro-batch."""
-    log_probs, _ = token_log_probs(model, batch)
-    return -(log_probs * batch["loss_mask"][:, 1:]).sum()
+    batch = dict(batch, mask=batch["loss_mask"][:, 1:])
+    if "pixel_values" not in batch:  # text: padding-free rows (training.packing)
+        batch = packing.pack(batch, packing.plan(batch["attention_mask"]))
+    log_probs, _ = token_log_probs(model, batch, only=batch["mask"])
+    return -(log_probs * batch["mask"]).sum()
 
 
 def train_sft(cfg: SFTConfig) -> dict[str, Any]:
