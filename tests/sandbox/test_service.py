@@ -171,3 +171,47 @@ def test_think_aloud_capture_records_the_desktop_and_hands_back_the_archive(clie
     with pytest.raises(SandboxError) as gone:
         client.capture_stop(sid)
     assert gone.value.status in (404, 409)
+
+
+def test_the_trainers_sandbox_environment_plays_scores_and_renders_an_episode(client, tmp_path):
+    """training.envs.SandboxEnv on a real desktop: the task's setup runs, a malformed reply costs the format penalty,
+    typed input changes the desktop, `finished` is scored by the evaluator, and the episode (screenshots included)
+    renders for a vision-language model after a round trip through the episode file format."""
+    from training.data import Renderer, read_episodes, write_episodes
+    from training.envs import SandboxEnv
+    from training.models import load_tokenizer
+    from training.policy.tiny import build_tiny_checkpoint
+    from training.rollout import Reply, run_episode
+
+    terminal = "xterm -e sh -c 'read line; printf %s \"$line\" > answer.txt'"
+    evaluator = {"func": "exact_match", "result": {"type": "vm_file", "path": "answer.txt"},
+                 "expected": {"type": "rule", "rules": {"expected": "42"}}}  # fmt: skip
+    setup = [{"type": "launch", "parameters": {"command": terminal, "shell": True}},
+             {"type": "sleep", "parameters": {"seconds": 1.5}}]  # fmt: skip
+    task = {"id": "answer", "instruction": "Type 42 and press Enter.", "config": setup, "evaluator": evaluator}
+    images = tmp_path / "images"
+
+    def play(replies: list[str], seed: int):
+        scripted = iter(replies)
+        env = SandboxEnv(client, task, images, max_steps=5)
+        try:
+            return run_episode(env, lambda messages: (Reply(next(scripted)), 0), seed)
+        finally:
+            env.close()
+
+    solved = play(["I will type the answer now.",  # no Action: the format penalty, the screen stays
+                   "Thought: The terminal waits for a line.\nAction: type(content='42\\n')",
+                   "Thought: The answer is in.\nAction: finished(content='42')"], seed=1)  # fmt: skip
+    rewards = [m["reward"] for m in solved.messages if m["role"] == "assistant"]
+    assert rewards == [-0.1, 0.0, 1.0] and solved.meta["done"]
+    gave_up = play(["Thought: Nothing to do.\nAction: finished(content='')"], seed=2)
+    assert [m["reward"] for m in gave_up.messages if m["role"] == "assistant"] == [0.0]
+    assert len(list(images.glob("*.jpg"))) == 4  # 3 observations of the first episode, 1 of the second
+
+    write_episodes(tmp_path / "episodes.jsonl", [solved, gave_up])
+    loaded = next(iter(read_episodes(tmp_path / "episodes.jsonl")))
+    checkpoint = build_tiny_checkpoint(tmp_path / "tiny-vl", seed=0)
+    tokenizer, processor = load_tokenizer(checkpoint)
+    sample = Renderer(tokenizer, image_processor=processor).render(loaded)
+    assert sample.image_grid_thw is not None and sample.image_grid_thw.shape[0] == 3
+    assert float(sample.rewards.sum()) == pytest.approx(0.9)
