@@ -147,6 +147,7 @@ class Capture:
         self.warnings: list[str] = []
 
         self._lock = threading.RLock()
+        self._stop_lock = threading.Lock()
         self._queue: Queue[tuple[dict[str, Any], Frame | None] | None] = Queue()
         self._frames = FrameBuffer()
         self._counters = _Counters()
@@ -265,14 +266,15 @@ class Capture:
             self.pause()
 
     def stop(self) -> Session:
-        """Stop every part, write what is pending, finish session.json and the audio; returns the session."""
+        """Stop every part, write what is pending, finish session.json and the audio; returns the session.
+
+        Every input event the X server processed before this call is recorded, even one still on its way to the
+        listener (input injected just before stop() is not lost; see X11Input.stop)."""
         if self.session is None:
             raise CaptureError("this capture was never started")
-        if self._stopped:
-            return self.session
-        with self._lock:
-            self._stopping = True
-        self._teardown()
+        with self._stop_lock:  # a second stop() waits for the first one
+            if not self._stopped:
+                self._teardown()
         return self.session
 
     def __enter__(self) -> Capture:
@@ -339,15 +341,22 @@ class Capture:
         self._threads.append(thread)
 
     def _teardown(self) -> None:
-        """Stop the sources, then the grabber, then drain the writer; safe on a half-started capture."""
+        """Stop the sources, then the grabber, then drain the writer; safe on a half-started capture.
+
+        The input source stops first and while the capture is still recording: stopping it hands over the events
+        still on their way (X RECORD's remaining data), and those belong to the session like any other."""
+        if self._input is not None:
+            try:
+                self._input.stop()
+            except Exception:
+                pass
         with self._lock:
             self._stopping = True
-        for source in (self._input, self._windows):
-            if source is not None:
-                try:
-                    source.stop()
-                except Exception:
-                    pass
+        if self._windows is not None:
+            try:
+                self._windows.stop()
+            except Exception:
+                pass
         self._wake.set()
         for thread in self._threads:
             if thread.name == "capture-grabber":

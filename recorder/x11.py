@@ -195,14 +195,22 @@ class X11Input:
             return shifted if shift != lock else base
         return shifted if shift else base
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop listening once every event the server recorded before this call has been dispatched.
+
+        The server keeps recorded data in a buffer until it flushes it to the data connection, and the listener
+        thread may not have parsed what already arrived. Disabling the context on the control connection makes the
+        server flush that buffer and then send EndOfData, so every event it processed before the disable request
+        comes first: all input injected (XTEST, as xdotool and x11vnc do) before this call, once the server has read
+        the injecting client's request. The sync makes sure the disable request was processed, and the thread keeps
+        dispatching until EndOfData ends record_enable_context; only then is the context freed (close())."""
         if self._thread is not None and self._thread.is_alive():
             try:
                 self._control.record_disable_context(self._context)
-                self._control.flush()
+                self._control.sync()
             except Exception:
                 pass
-            self._thread.join(5.0)
+            self._thread.join(timeout)
         self.close()
 
     def close(self) -> None:

@@ -7,15 +7,12 @@ from __future__ import annotations
 import shutil
 import tempfile
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from recorder.capture import Capture
 
 from .manager import Session
-
-STOP_SETTLE_S = 0.3
 
 
 class CaptureConflict(RuntimeError):
@@ -68,8 +65,7 @@ class Captures:
             raise CaptureConflict(f"session {session_id} is not being captured")
         try:
             at = running.capture.now()
-            time.sleep(STOP_SETTLE_S)  # input injected just before stop is still on its way through XRecord
-            session = running.capture.stop()
+            session = running.capture.stop()  # with every input the X server processed before this call
             packed = session.pack(running.directory / "capture.tar")
             return packed.path.read_bytes(), at
         finally:

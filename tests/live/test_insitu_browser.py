@@ -24,6 +24,8 @@ from .conftest import needs_desktop
 
 pytestmark = [needs_desktop, pytest.mark.slow]
 
+CLICKS = ((0.25, 0.25), (0.5, 0.5), (0.75, 0.75))  # where on the desktop, as fractions of its width and height
+
 
 @pytest.fixture
 def spoken_wav(tmp_path):
@@ -54,33 +56,41 @@ def test_a_think_aloud_session_in_the_browser(live_settings, worker, spoken_wav,
         expect(page).to_have_url(re.compile(r"/insitu/\d+/$"))
         capture_id = int(page.url.rstrip("/").rsplit("/", 1)[1])
         expect(page.locator("#browser-capture")).to_have_attribute("data-vnc", "connected", timeout=60_000)
-        box = page.locator("#vnc canvas").bounding_box()
         page.click("#record")
         page.wait_for_function("window.thinkAloud.state === 'recording'", timeout=30_000)
-        # Known issue (docs/in-situ.md): of several clicks made through noVNC here only the last one reaches the
-        # capture, while clicks the sandbox injects itself all do (tests/sandbox/test_service.py); so one click.
-        time.sleep(4.0)  # the sentence plays before the click
-        page.mouse.click(box["x"] + box["width"] / 4, box["y"] + box["height"] / 4)
-        time.sleep(1.0)
-        page.click("#stop")
+        time.sleep(4.0)  # the sentence plays before the clicks
+        # Where the desktop is now: focusing it when recording starts scrolls it into view, so a box measured before
+        # is stale, and a click outside the viewport reaches nothing (not the page, not VNC).
+        box = page.locator("#vnc canvas").bounding_box()
+        viewport = page.viewport_size
+        for fx, fy in CLICKS:
+            x, y = box["x"] + box["width"] * fx, box["y"] + box["height"] * fy
+            assert 0 <= x < viewport["width"] and 0 <= y < viewport["height"], (box, viewport)
+            page.mouse.click(x, y)
+            time.sleep(0.3)
+        page.keyboard.type("hi")
+        page.click("#stop")  # at once: the keys typed just before stop are captured too
         deadline = time.monotonic() + 180
         while (capture := Capture.objects.get(pk=capture_id)).status not in ("ready", "failed"):
             assert time.monotonic() < deadline, f"capture still {capture.status} ({capture.stage})"
             time.sleep(0.5)
         assert capture.status == "ready", (capture.error, worker.read_text()[-2000:])
-        page.reload()
-        expect(page.locator(".word").first).to_be_visible()
+        # the page reloads itself once processing is over (its status poll answers HX-Refresh): a reload from here
+        # too would race with that one and abort
+        expect(page.locator(".word").first).to_be_visible(timeout=30_000)
         expect(page.locator("#capture-audio")).to_be_visible()
 
     steps = list(capture.trajectory.steps.order_by("index"))
     names = [s.action_text.split("(")[0] for s in steps]
-    assert names == ["click", "finished"], (capture.warnings, _events(capture))
+    assert names == ["click", "click", "click", "type", "finished"], (capture.warnings, _events(capture))
     assert capture.source == "browser" and capture.meta["platform"] == "sandbox"
     assert capture.meta["audio"]["file"] == "audio.webm"
     assert "clicking" in steps[0].thought.lower() and "middle" in steps[0].thought.lower(), steps[0].thought
-    # the click landed on the 1280×800 desktop, a quarter across (the canvas's vertical placement depends on scaling)
-    x, y = steps[0].action["actions"][0]["point"]
-    assert abs(x - 320) < 40 and 0 <= y < 800
+    # every click landed where it was made on the 1280×800 desktop (noVNC scales the canvas: a pixel or two off)
+    for step, (fx, fy) in zip(steps[:3], CLICKS, strict=True):
+        x, y = step.action["actions"][0]["point"]
+        assert abs(x - 1280 * fx) <= 3 and abs(y - 800 * fy) <= 3, (step.action_text, fx, fy)
+    assert steps[3].action_text == "type(content='hi')", steps[3].action_text
 
 
 def _events(capture: Capture) -> list[dict]:

@@ -5,6 +5,7 @@ audio track; nothing is recorded while paused."""
 from __future__ import annotations
 
 import io
+import subprocess
 import time
 import uuid
 
@@ -193,6 +194,44 @@ def test_a_held_hotkey_toggles_once_and_is_never_recorded(desktop, tmp_path):
         ("key_down", "ctrl"), ("key_down", "shift"), ("pause", None), ("resume", None), ("key_down", "k"),
         ("key_up", "k"),
     ]  # fmt: skip
+
+
+def test_input_injected_right_before_stop_is_all_recorded(desktop, tmp_path):
+    """stop() right after the input, without waiting: every event the X server processed before the call is in the
+    session (X RECORD's remaining data is drained, not cut off), whether the input came through this process's XTEST
+    connection or another client (xdotool, as x11vnc injects VNC input); the scroll notches held back for merging
+    are written too."""
+    by_xdotool = [
+        ("down", "left", (500, 400)), ("up", "left", (500, 400)), ("key_down", "c", None), ("key_up", "c", None),
+    ]  # fmt: skip
+    by_xtest = [
+        ("down", "left", (100, 100)), ("up", "left", (100, 100)), ("scroll", None, (300, 200)),
+        ("key_down", "a", None), ("key_up", "a", None), ("key_down", "b", None), ("key_up", "b", None),
+    ]  # fmt: skip
+
+    def xdotool() -> None:  # exits once the X server has its requests (XCloseDisplay syncs)
+        command = ["xdotool", "mousemove", "500", "400", "click", "1", "key", "c"]
+        subprocess.run(command, env=desktop.env(), check=True, timeout=10)
+
+    def xtest() -> None:  # each action ends with a sync: the server has processed it when this returns
+        desktop.execute(Click(Point(100, 100)))
+        desktop.execute(Scroll("down", Point(300, 200)))
+        desktop.type_text("ab")
+
+    lost = []
+    for i in range(20):  # the last input before stop() from this process's connection, then from another client
+        capture = Capture(tmp_path / f"s{i}", display=f":{desktop.display}", screenshot_interval=0).start()
+        first, second = (xdotool, xtest) if i % 2 == 0 else (xtest, xdotool)
+        first()
+        second()
+        capture.stop()
+        expected = by_xdotool + by_xtest if i % 2 == 0 else by_xtest + by_xdotool
+        assert capture.error is None
+        events = [e for e in read_events(tmp_path / f"s{i}") if e["type"] not in ("move", "screenshot", "window")]
+        got = [(e["type"], e.get("button") or e.get("key"), (e["x"], e["y"]) if "x" in e else None) for e in events]
+        if got != expected:
+            lost.append((i, got))
+    assert not lost, f"{len(lost)} of 20 stops lost events: {lost[:3]}"
 
 
 def test_a_display_that_does_not_exist_is_a_clear_error_and_leaves_nothing(tmp_path):
