@@ -9,9 +9,11 @@ PPO epochs / update seconds (median over the repeats), the same count for both; 
 Fairness rules (both sides, in one process, one after the other in each round):
 - The same tiny checkpoint (a random text-only Qwen2 built from a config by training.policy.tiny; --hidden/--layers).
   Actor, frozen reference copy and critic (same backbone + a zero-initialised scalar head) on each side.
-- The same batch: --batch sequences of exactly --prompt-tokens prompt + --response-tokens response tokens (the same
-  token ids: TRL's query/response tensors are cut from our rendered episodes), the same per-sequence reward on the
-  last response token, every response token trained.
+- The same batch: --batch sequences of --prompt-tokens prompt tokens and a response of --response-tokens tokens
+  ("fixed") or of long-tailed lengths with that mean ("long-tailed", log-normal, seeded); the same token ids (TRL's
+  query/response tensors are cut from our rendered episodes, responses padded as a generation pads them), the same
+  per-sequence reward on the last response token, every response token trained. Both scenarios run by default
+  (--lengths).
 - The same PPO settings: --epochs, --minibatches optimizer steps per epoch (TRL: per_device_train_batch_size = batch,
   gradient_accumulation_steps = 1, num_mini_batches = minibatches), KL penalty 0.05 in the reward with the k1
   estimator, gamma 1, lambda 0.95 for advantages and returns, advantages whitened, ratio clip 0.2 both ways (our
@@ -33,9 +35,10 @@ Ours is timed over `PPOTrainer.prepare(episodes)` (rendering included) + `PPOTra
 Known differences (see bench/README.md): TRL takes the old log-probs from the generation's logits, ours recomputes
 them with a forward pass (one more no-grad forward on our side, about 1/27 of the model work at 4 epochs); TRL trains
 actor and critic with one loss (value loss x vf_coef 0.1) and one optimizer, ours with two; ours clips gradient norms
-(TRL's PPO loop does not); ours computes the entropy metric with autograd over every position, TRL without, over the
-response; our rendering ends each sequence with the chat template's "\n" after <|im_end|> (one more token, never
-trained); TRL runs no reward model here (ours never has one: rewards come from the environment).
+(TRL's PPO loop does not); TRL pads every pass to the batch's longest response, ours packs sequences into
+padding-free rows (training.packing); our rendering ends each sequence with the chat template's "\n" after
+<|im_end|> (one more token, never trained); TRL runs no reward model here (ours never has one: rewards come from the
+environment).
 
 Install TRL apart from .venv first (PPO was removed from TRL in 1.13.0, so this pins 1.12.0):
   .venv/bin/pip install --target var/bench-trl --no-deps -r bench/requirements-trl.txt
@@ -47,6 +50,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import math
 import os
 import random
 import statistics
@@ -110,31 +114,44 @@ def quiet() -> None:
     warnings.filterwarnings("ignore", message=".*degrees of freedom")  # TRL's ratio variance over one minibatch
 
 
-def make_episodes(tokenizer: Any, args: argparse.Namespace) -> tuple[list[Episode], torch.Tensor, torch.Tensor]:
-    """`batch` one-turn episodes rendering to exactly prompt + response tokens (byte-level tokenizer: one token per
-    character), their token ids (B, prompt + response) and rewards (B,)."""
+def response_lengths(args: argparse.Namespace, scenario: str) -> list[int]:
+    """Response tokens per sequence: all --response-tokens ("fixed"), or long-tailed like agent turns ("long-tailed":
+    log-normal with sigma 1 and the same mean, seeded, clamped to 2..4x the mean)."""
+    if scenario == "fixed":
+        return [args.response_tokens] * args.batch
+    rng = random.Random(args.seed + 1)
+    mu = math.log(args.response_tokens) - 0.5  # a log-normal's mean is exp(mu + sigma^2 / 2)
+    return [min(max(2, round(rng.lognormvariate(mu, 1.0))), 4 * args.response_tokens) for _ in range(args.batch)]
+
+
+def make_episodes(tokenizer: Any, args: argparse.Namespace, lengths: list[int]
+                  ) -> tuple[list[Episode], torch.Tensor, torch.Tensor]:  # fmt: skip
+    """One-turn episodes rendering to exactly --prompt-tokens prompt + lengths[i] response tokens (byte-level
+    tokenizer: one token per character), their token ids (B, prompt + longest response; padded after each response,
+    as a generation hands them to TRL) and rewards (B,)."""
     renderer = Renderer(tokenizer)
     header = len(renderer.prompt_ids([{"role": "user", "content": ""}]))  # chat template around the prompt
     if args.prompt_tokens <= header or args.response_tokens < 2:
         sys.exit(f"--prompt-tokens must be > {header} (the chat template's own tokens), --response-tokens >= 2")
     rng = random.Random(args.seed)
     letters = string.ascii_lowercase + " "
-    episodes, rows = [], []
-    for i in range(args.batch):
+    p, width = args.prompt_tokens, max(lengths)
+    episodes = []
+    ids = torch.full((len(lengths), p + width), tokenizer.pad_token_id, dtype=torch.long)
+    for i, r in enumerate(lengths):
         prompt = "".join(rng.choice(letters) for _ in range(args.prompt_tokens - header))
-        reply = "".join(rng.choice(letters) for _ in range(args.response_tokens - 1))  # + <|im_end|>
+        reply = "".join(rng.choice(letters) for _ in range(r - 1))  # + <|im_end|>
         messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": reply}]
         episode = Episode(messages=messages, id=f"bench-{i}", reward=rng.random())
         sample = renderer.render(episode)
-        p, r = args.prompt_tokens, args.response_tokens
         # our rendering adds the template's "\n" after <|im_end|>: one more token, never trained
         assert len(sample) == p + r + 1, len(sample)
         assert sample.loss_mask[:p].sum() == 0 and sample.loss_mask[p : p + r].sum() == r
         assert int(sample.input_ids[p + r - 1]) == tokenizer.eos_token_id
         episodes.append(episode)
-        rows.append(sample.input_ids[: p + r])
+        ids[i, : p + r] = sample.input_ids[: p + r]
     rewards = torch.tensor([e.reward for e in episodes], dtype=torch.float32)
-    return episodes, torch.stack(rows), rewards
+    return episodes, ids, rewards
 
 
 class Ours:
@@ -177,7 +194,8 @@ class Trl:
         value = AutoModelForSequenceClassification.from_pretrained(model, num_labels=1, dtype=torch.float32)
         torch.nn.init.zeros_(value.score.weight)  # like our Critic's head: V = 0 at the start
         with torch.no_grad():  # what generation would hand back: the sampling policy's logits at the response
-            logits = policy(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[:, p - 1 : -1]
+            attention = (ids != tokenizer.pad_token_id).long()
+            logits = policy(input_ids=ids, attention_mask=attention).logits[:, p - 1 : -1]
         self.ids, self.logits = ids, logits / (1.0 + 1e-7)  # TRL's generation temperature is temperature + 1e-7
         self.row_of = {tuple(q.tolist()): i for i, q in enumerate(ids[:, :p])}
         self.rewards = rewards
@@ -214,7 +232,7 @@ class Trl:
             gradient_checkpointing=False, seed=args.seed, learning_rate=args.lr, lr_scheduler_type="constant",
             weight_decay=0.0, per_device_train_batch_size=args.batch, gradient_accumulation_steps=1,
             num_mini_batches=args.minibatches, num_ppo_epochs=args.epochs, total_episodes=args.batch,
-            local_rollout_forward_batch_size=args.batch, response_length=args.response_tokens, stop_token="eos",
+            local_rollout_forward_batch_size=args.batch, response_length=ids.shape[1] - p, stop_token="eos",
             temperature=1.0, missing_eos_penalty=None, kl_coef=KL_COEF, kl_estimator="k1", whiten_rewards=False,
             gamma=1.0, lam=LAM, cliprange=CLIP, cliprange_value=CLIP, num_sample_generations=0,
             dataloader_num_workers=0, disable_tqdm=True,
@@ -246,65 +264,78 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4, help="tiny model depth")
     parser.add_argument("--batch", type=int, default=32, help="sequences per update")
     parser.add_argument("--prompt-tokens", type=int, default=64)
-    parser.add_argument("--response-tokens", type=int, default=64)
+    parser.add_argument("--response-tokens", type=int, default=64, help="response tokens (the mean when long-tailed)")
     parser.add_argument("--epochs", type=int, default=4, help="PPO epochs per update")
     parser.add_argument("--minibatches", type=int, default=4, help="optimizer steps per epoch")
     parser.add_argument("--repeats", type=int, default=5, help="timed updates per side (after one warm-up each)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads, both sides")
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lengths", type=lambda v: v.split(","), default=["fixed", "long-tailed"],
+                        help="response-length scenarios, comma-separated: fixed, long-tailed")  # fmt: skip
     args = parser.parse_args()
+    if set(args.lengths) - {"fixed", "long-tailed"}:
+        sys.exit("--lengths takes fixed and/or long-tailed")
     if args.batch % args.minibatches:
         sys.exit("--batch must be a multiple of --minibatches (TRL needs equal minibatches)")
     trl, module = import_trl()
     quiet()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
+    rows = []
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or build_tiny_text_checkpoint(Path(tmp) / "model", hidden=args.hidden, layers=args.layers)
         from training.models import load_tokenizer
 
         tokenizer, _ = load_tokenizer(model)
-        episodes, ids, rewards = make_episodes(tokenizer, args)
-        ours = Ours(model, Path(tmp) / "ours", episodes, args)
-        theirs = Trl(module, model, Path(tmp) / "trl", ids, rewards, args)
-        params = sum(p.numel() for p in ours.trainer.actor.parameters())
-        times: dict[str, list[tuple[float, float]]] = {"trl": [], "ours": []}
-        load_before = os.getloadavg()[0]
-        for round_ in range(args.repeats + 1):  # round 0 warms both up
-            for name, side in (("trl", theirs), ("ours", ours)):
-                torch.set_num_threads(args.threads)
-                took = side.update()
-                if round_:
-                    times[name].append(took)
-        load_after = os.getloadavg()[0]
+        for scenario in args.lengths:
+            lengths = response_lengths(args, scenario)
+            episodes, ids, rewards = make_episodes(tokenizer, args, lengths)
+            ours = Ours(model, Path(tmp) / f"ours-{scenario}", episodes, args)
+            theirs = Trl(module, model, Path(tmp) / f"trl-{scenario}", ids, rewards, args)
+            params = sum(p.numel() for p in ours.trainer.actor.parameters())
+            times: dict[str, list[tuple[float, float]]] = {"trl": [], "ours": []}
+            for round_ in range(args.repeats + 1):  # round 0 warms both up
+                for name, side in (("trl", theirs), ("ours", ours)):
+                    torch.set_num_threads(args.threads)
+                    took = side.update()
+                    if round_:
+                        times[name].append(took)
+            rows.append((scenario, lengths, times))
         threads = torch.get_num_threads()
-    tokens = args.batch * args.response_tokens * args.epochs
+    load_after = os.getloadavg()[0]
     size = f"from {args.model}" if args.model else f"hidden {args.hidden} x {args.layers} layers"
     print(f"PPO update phase (generation excluded), fp32 CPU, {threads} torch threads on {os.cpu_count()} cores; "
           f"tiny Qwen2 {size}, {params / 1e6:.2f}M parameters per model (actor, reference, critic); batch "
-          f"{args.batch} x ({args.prompt_tokens} prompt + {args.response_tokens} response) tokens, {args.epochs} PPO "
-          f"epochs x {args.minibatches} minibatches, KL {KL_COEF} (k1, in the reward), lambda {LAM}, clip {CLIP}; "
-          f"median of {args.repeats} after 1 warm-up, alternating; 1-min load average {load_before:.1f} before, "
+          f"{args.batch} x ({args.prompt_tokens} prompt + response) tokens, {args.epochs} PPO epochs x "
+          f"{args.minibatches} minibatches, KL {KL_COEF} (k1, in the reward), lambda {LAM}, clip {CLIP}; median of "
+          f"{args.repeats} after 1 warm-up, alternating; 1-min load average {load_before:.1f} before, "
           f"{load_after:.1f} after; torch {torch.__version__}, trl {trl.__version__}\n")  # fmt: skip
-    print("| PPO update, same model and batch | seconds/update (median) | min..max | CPU seconds/update | tokens/s | "
-          "vs TRL | goal |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
-    wall = {name: statistics.median(w for w, _ in runs) for name, runs in times.items()}
-    cpu = {name: statistics.median(c for _, c in runs) for name, runs in times.items()}
-    for name, label, goal in (("trl", f"TRL {trl.__version__} PPOTrainer (baseline)", ""),
-                              ("ours", "ours: training.ppo.PPOTrainer prepare + update", ">= 1.5x")):  # fmt: skip
-        walls = [w for w, _ in times[name]]
-        print(f"| {label} | {wall[name]:.2f} | {min(walls):.2f}..{max(walls):.2f} | {cpu[name]:.2f} | "
-              f"{tokens / wall[name]:,.0f} | {wall['trl'] / wall[name]:.2f}x | {goal} |")  # fmt: skip
+    print("| response lengths | PPO update, same model and batch | seconds/update (median) | min..max | "
+          "CPU seconds/update | tokens/s | vs TRL | goal |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for scenario, lengths, times in rows:
+        shape = (f"fixed: {lengths[0]}" if scenario == "fixed" else
+                 f"long-tailed: mean {statistics.mean(lengths):.0f}, median {statistics.median(lengths):.0f}, "
+                 f"max {max(lengths)}")  # fmt: skip
+        tokens = sum(lengths) * args.epochs
+        wall = {name: statistics.median(w for w, _ in runs) for name, runs in times.items()}
+        cpu = {name: statistics.median(c for _, c in runs) for name, runs in times.items()}
+        for name, label, goal in (("trl", f"TRL {trl.__version__} PPOTrainer (baseline)", ""),
+                                  ("ours", "ours: training.ppo.PPOTrainer prepare + update", ">= 1.5x")):  # fmt: skip
+            walls = [w for w, _ in times[name]]
+            print(f"| {shape} | {label} | {wall[name]:.2f} | {min(walls):.2f}..{max(walls):.2f} | {cpu[name]:.2f} | "
+                  f"{tokens / wall[name]:,.0f} | {wall['trl'] / wall[name]:.2f}x | {goal} |")  # fmt: skip
     print(
-        f"\ntokens/s = {args.batch} x {args.response_tokens} response tokens x {args.epochs} epochs / update "
-        "seconds (wall clock). Same checkpoint, token ids, rewards, epochs, minibatches, PPO settings (KL, GAE, "
-        "whitening, clips, AdamW), fp32, no gradient checkpointing and the same threads on both sides; each side "
-        "warmed up once, then timed alternately. Generation excluded (TRL: its batch_generation returns the fixed "
-        "batch and starts the clock, on_step_end stops it; ours: prepare + update). TRL reuses the generation's "
-        "logits as old log-probs, ours recomputes them (one more forward pass). CPU seconds (all threads) are shown "
-        "because wall time on a shared machine moves with its load."
+        "\ntokens/s = response tokens in the batch x epochs / update seconds (wall clock), the same count for both. "
+        "Same checkpoint, token ids, rewards, epochs, minibatches, PPO settings (KL, GAE, whitening, clips, AdamW), "
+        "fp32, no gradient checkpointing and the same threads on both sides; each side warmed up once, then timed "
+        "alternately. Generation excluded (TRL: its batch_generation returns the fixed batch and starts the clock, "
+        "on_step_end stops it; ours: prepare + update). TRL reuses the generation's logits as old log-probs, ours "
+        "recomputes them (one more forward pass). TRL runs every pass over the batch padded to its longest response; "
+        "ours packs sequences into padding-free rows (training.packing). CPU seconds (all threads) are shown because "
+        "wall time on a shared machine moves with its load."
     )
 
 
