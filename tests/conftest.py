@@ -101,3 +101,10 @@ def worker(transactional_db, tmp_path):
     app.control.purge()
     with running(command, subprocess_env(), tmp_path / "worker.log", lambda: bool(app.control.ping(timeout=0.5))):
         yield tmp_path / "worker.log"
+
+
+@pytest.fixture
+def media(settings, tmp_path):
+    """Uploaded and generated files of one test under its own temporary MEDIA_ROOT."""
+    settings.MEDIA_ROOT = tmp_path / "media"
+    return settings.MEDIA_ROOT

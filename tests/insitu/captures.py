@@ -137,3 +137,16 @@ def upload(client, data: bytes, session_id: str, *, chunk: int = 64 * 1024, **st
         state = response.json()
         offset = state["offset"]
     return state
+
+
+def scripted(tmp_path) -> CaptureBuilder:
+    """Say a phrase, click; say a phrase, type; say a closing phrase."""
+    b = CaptureBuilder(tmp_path)
+    b.frame(0.0, "start")
+    b.say(0.5, "I will open the file menu")
+    b.click(5.0, 100, 200)
+    b.say(6.0, "now I type the report title")
+    b.type(10.5, "Report")
+    b.say(12.5, "that looks done")
+    b.event(16.0, "move", x=5, y=5)
+    return b

@@ -11,7 +11,7 @@ from django.urls import reverse
 from annotation_app.insitu import pipeline
 from annotation_app.models import Capture, Step, Trajectory
 
-from .captures import CaptureBuilder, upload
+from .captures import CaptureBuilder, scripted, upload
 
 pytestmark = pytest.mark.slow
 
@@ -31,25 +31,6 @@ def test_the_capture_task_is_registered_on_the_asr_queue():
 
     assert "annotation_app.asr.process_capture" in app.tasks
     assert app.amqp.router.route({}, "annotation_app.asr.process_capture")["queue"].name == "asr"
-
-
-def scripted(tmp_path) -> CaptureBuilder:
-    """Say a phrase, click; say a phrase, type; say a closing phrase."""
-    b = CaptureBuilder(tmp_path)
-    b.frame(0.0, "start")
-    b.say(0.5, "I will open the file menu")
-    b.click(5.0, 100, 200)
-    b.say(6.0, "now I type the report title")
-    b.type(10.5, "Report")
-    b.say(12.5, "that looks done")
-    b.event(16.0, "move", x=5, y=5)
-    return b
-
-
-@pytest.fixture
-def media(settings, tmp_path):
-    settings.MEDIA_ROOT = tmp_path / "media"
-    return settings.MEDIA_ROOT
 
 
 def test_a_spoken_session_becomes_an_aligned_trajectory_through_a_real_worker(api, annotator, worker, tmp_path):
