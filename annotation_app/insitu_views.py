@@ -8,8 +8,6 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 from rest_framework.authtoken.models import Token
 
-from sandbox.client import SandboxError
-
 from .insitu import browser, pipeline, timeline
 from .models import Capture
 from .permissions import Capability, requires
@@ -30,7 +28,7 @@ def captures(request: HttpRequest) -> HttpResponse:
     rows = Capture.objects.filter(annotator=request.user).select_related("task")[:100]
     context = {
         "captures": rows,
-        "busy": any(c.status in ("receiving", "queued", "processing") for c in rows),
+        "busy": any(c.pending for c in rows),
         "has_token": Token.objects.filter(user=request.user).exists(),
         "server": request.build_absolute_uri("/").rstrip("/"),
     }
@@ -61,9 +59,11 @@ def capture_page(request: HttpRequest, pk: int) -> HttpResponse:
         "audio_url": recording.audio.url if recording and recording.audio else "",
         "editable": capture.status == Capture.Status.READY,
     }
-    if request.htmx:  # the status poll: once processing is over, the whole page reloads to show the timeline
+    if request.htmx:
+        # The status poll: once what the page waits for is over (processing, or the browser capture's desktop
+        # starting), the whole page reloads to show the timeline, the desktop ready to record, or the error.
         response = render(request, "annotation_app/_capture_status.html", context)
-        if capture.status not in (Capture.Status.RECEIVING, Capture.Status.QUEUED, Capture.Status.PROCESSING):
+        if not capture.pending:
             response["HX-Refresh"] = "true"
         return response
     return render(request, "annotation_app/capture.html", context)
@@ -94,10 +94,11 @@ def capture_delete(request: HttpRequest, pk: int) -> HttpResponse:
 @require_POST
 @requires(Capability.ANNOTATE)
 def browser_start(request: HttpRequest) -> HttpResponse:
-    """Record the current task in the browser: a sandbox desktop is leased and its setup run."""
+    """Record the current task in the browser: the capture page opens at once and shows "starting the desktop"
+    while a Celery task leases a sandbox desktop and runs the task's setup."""
     try:
         capture = browser.open_browser_capture(request.user)
-    except (Conflict, SandboxError) as exc:
-        messages.error(request, getattr(exc, "detail", None) or str(exc))
+    except Conflict as exc:
+        messages.error(request, str(exc))
         return redirect("insitu")
     return redirect("insitu-capture-page", pk=capture.pk)

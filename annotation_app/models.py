@@ -315,11 +315,16 @@ class Capture(models.Model):
     class Status(models.TextChoices):
         RECORDING = "recording", "Recording"  # in the browser, on a sandbox desktop
         RECEIVING = "receiving", "Receiving"  # chunks still arriving
+        VERIFYING = "verifying", "Verifying"  # every byte arrived; the whole file's SHA-256 is being checked
         QUEUED = "queued", "Queued"
         PROCESSING = "processing", "Processing"
         READY = "ready", "Ready for review"  # the annotator checks and fixes the timeline
         SUBMITTED = "submitted", "Submitted"
         FAILED = "failed", "Failed"
+
+    # The stages of a browser capture before *Record*: a Celery task leases its sandbox desktop and runs the setup.
+    STAGE_STARTING = "starting the desktop"
+    STAGE_READY = "ready to record"
 
     annotator = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="captures")
     session_id = models.UUIDField(help_text="Chosen by the recorder; uploads are idempotent on it.")
@@ -357,6 +362,14 @@ class Capture(models.Model):
 
     def __str__(self) -> str:
         return f"capture {self.pk} by {self.annotator_id} ({self.status})"
+
+    @property
+    def pending(self) -> bool:
+        """Something is under way that the capture's page waits for (and polls): the upload, its verification,
+        processing, or (in the browser) the sandbox desktop starting."""
+        if self.status == self.Status.RECORDING:
+            return self.stage == self.STAGE_STARTING
+        return self.status in (self.Status.RECEIVING, self.Status.VERIFYING, self.Status.QUEUED, self.Status.PROCESSING)
 
     @property
     def archive_path(self) -> str:

@@ -159,6 +159,9 @@ MAX_TASK_IMPORT_BYTES = int(env("MAX_TASK_IMPORT_BYTES", str(20 * 1024 * 1024)))
 MAX_CAPTURE_BYTES = int(env("MAX_CAPTURE_BYTES", str(4 * 1024**3)))
 MAX_CAPTURE_CHUNK_BYTES = min(int(env("MAX_CAPTURE_CHUNK_BYTES", str(8 * 1024**2))), DATA_UPLOAD_MAX_MEMORY_SIZE)
 CAPTURE_CHUNK_BYTES = min(4 * 1024**2, MAX_CAPTURE_CHUNK_BYTES)  # what clients are told to send
+# An upload `verifying` (whole-file SHA-256) longer than this was left by a request that died: it is sent back to
+# receiving with its last byte to resend (annotation_app.insitu.uploads.reclaim_stale). Hashing 4 GiB takes seconds.
+CAPTURE_VERIFY_STALE_S = float(env("CAPTURE_VERIFY_STALE_S", "300"))
 MAX_CAPTURE_EVENTS = int(env("MAX_CAPTURE_EVENTS", "5000000"))
 MAX_CAPTURE_AUDIO_S = float(env("MAX_CAPTURE_AUDIO_S", str(4 * 3600)))
 ASR_BACKEND = env("ASR_BACKEND", "")  # empty: the faster backend on this machine (annotation_app.insitu.asr)

@@ -5,7 +5,7 @@ from celery import shared_task
 from . import task_queue
 from .asr import process_capture  # the asr queue's tasks live beside their routing prefix; import registers them
 
-__all__ = ["process_capture", "propose_live", "release_stale_assignments", "start_live"]
+__all__ = ["process_capture", "propose_live", "release_stale_assignments", "start_capture", "start_live"]
 
 
 @shared_task
@@ -28,3 +28,14 @@ def propose_live(live_id: int, index: int) -> None:
     from . import live
 
     live.propose(live_id, index)
+
+
+# Named under `annotation_app.live.` so CELERY_TASK_ROUTES sends it to the `live` queue: like `start_live` it leases a
+# sandbox desktop and waits on the task's setup (I/O-bound, seconds to minutes), which the live workers (threads pool)
+# are there for; on the `asr` queue it would wait behind transcriptions while the annotator watches a spinner.
+@shared_task(name="annotation_app.live.start_capture")
+def start_capture(capture_id: int) -> None:
+    """Lease the sandbox desktop of a new browser think-aloud capture and run the task setup (`live` queue)."""
+    from .insitu import browser
+
+    browser.start_desktop(capture_id)

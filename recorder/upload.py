@@ -162,7 +162,8 @@ class Uploader:
         self.progress(offset, size)
         failures, recreated = 0, False
         with packed.path.open("rb") as data:
-            while not (status == "complete" or (offset >= size and status != "receiving")):
+            # "verifying": the server has every byte and is checking the whole file (a mismatch sends it back to 0)
+            while not (status == "complete" or (offset >= size and status not in ("receiving", "verifying"))):
                 if offset >= size:  # the server has every byte but is not done: ask again
                     failures = self._failed(failures, f"the server has all {size} bytes but says {status!r}")
                     if (where := self._where(api, upload_id)) is not None:

@@ -3,6 +3,8 @@
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -88,9 +90,10 @@ def no_process_left_behind():
     assert not left, f"processes left running after the tests: {sorted(left)}"
 
 
-@pytest.fixture
-def worker(transactional_db, tmp_path):
-    """A `celery worker` subprocess consuming every queue, pointed at pytest's test database."""
+@contextmanager
+def celery_worker(log: Path, **env: str) -> Iterator[Path]:
+    """A `celery worker` subprocess consuming every queue, pointed at pytest's test database; `env` adds to its
+    environment (e.g. the sandbox service a test started). Yields its log."""
     from annotation_app.celery import app
 
     from .servers import running, subprocess_env
@@ -99,8 +102,15 @@ def worker(transactional_db, tmp_path):
     command += ["-Q", ",".join(settings.CELERY_QUEUES), "--without-gossip", "--without-mingle"]
     command += ["-n", f"test-{os.getpid()}@%h"]
     app.control.purge()
-    with running(command, subprocess_env(), tmp_path / "worker.log", lambda: bool(app.control.ping(timeout=0.5))):
-        yield tmp_path / "worker.log"
+    with running(command, subprocess_env(**env), log, lambda: bool(app.control.ping(timeout=0.5))):
+        yield log
+
+
+@pytest.fixture
+def worker(transactional_db, tmp_path):
+    """A `celery worker` subprocess consuming every queue, pointed at pytest's test database."""
+    with celery_worker(tmp_path / "worker.log") as log:
+        yield log
 
 
 @pytest.fixture

@@ -88,13 +88,14 @@ class UploadStartView(CaptureView):
 
 
 class UploadView(CaptureView):
-    """GET: how far the upload got. PUT: one chunk, with Content-Range and X-Chunk-Sha256."""
+    """GET: how far the upload got (`verifying` while the whole file's checksum is computed: ask again shortly).
+    PUT: one chunk, with Content-Range and X-Chunk-Sha256."""
 
     parser_classes = [ChunkParser]
 
     @extend_schema(responses={200: UPLOAD_STATE})
     def get(self, request: Request, pk: int) -> Response:
-        return Response(uploads.describe(own_capture(request, pk)))
+        return Response(uploads.describe(uploads.reclaim_stale(own_capture(request, pk))))
 
     @extend_schema(
         request={"application/octet-stream": {"type": "string", "format": "binary"}},

@@ -1,5 +1,7 @@
 """Think-aloud in the browser: the annotator drives a sandbox desktop over VNC while the page records the microphone.
 
+The desktop is leased and the task's setup run by a Celery task (`start_desktop`, on the `live` queue) while the
+capture page says "starting the desktop"; the capture's `meta.sandbox_session` names it once it is ready to record.
 The sandbox service captures input events and frames on the desktop's X display (sandbox.capture); when the
 annotator stops, the page sends its audio and the offset between the two clocks, and the server adds the audio to
 the sandbox's archive. From there it is an ordinary capture: the same pipeline processes it.
@@ -10,12 +12,15 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import tarfile
 import uuid
 
 from django.conf import settings
 from django.core.files.uploadedfile import UploadedFile
 from django.db import transaction
+from django.db.models import QuerySet
+from django.utils import timezone
 
 from sandbox.client import SandboxClient, SandboxError
 
@@ -26,6 +31,10 @@ from ..trajectories import Conflict, Invalid
 from ..uploads import AUDIO_FORMATS, check_upload
 from .uploads import _enqueue, archive_file
 
+log = logging.getLogger(__name__)
+
+STARTING, READY = Capture.STAGE_STARTING, Capture.STAGE_READY
+
 BROWSER_AUDIO = {"audio/webm": "webm", "audio/ogg": "ogg", "audio/wav": "wav"}
 
 
@@ -35,44 +44,79 @@ def sandbox_for(capture: Capture) -> SandboxClient:
 
 
 def open_browser_capture(annotator: User) -> Capture:
-    """Lease a desktop for the annotator's current task, run its setup and start capturing its input events."""
+    """A new browser capture of the annotator's current task; its desktop is leased and set up in a Celery task
+    (`start_desktop`), so a slow setup never holds the request: the page shows "starting the desktop" meanwhile."""
     assignment = current_assignment(annotator)
     if assignment is None:
         raise Conflict("Take a task from the queue first.")
     task = assignment.task
-    capture = Capture.objects.create(
-        annotator=annotator,
-        session_id=uuid.uuid4(),
-        source=Capture.Source.BROWSER,
-        task=task,
-        instruction=task.instruction,
-        size=0,
-        sha256="",
-        status=Capture.Status.RECORDING,
-        stage="starting the desktop",
-    )
-    client = sandbox_for(capture)
-    session_id = ""
-    try:
-        session_id = client.allocate(ttl_s=settings.LIVE_LEASE_TTL_S)["session_id"]
-        if task.setup_config:
-            client.setup(session_id, task.setup_config)
-    except SandboxError as exc:
-        if session_id:
-            release_quietly(client, session_id)
-        Capture.objects.filter(pk=capture.pk).update(
-            status=Capture.Status.FAILED, stage="failed", error=f"The sandbox could not be prepared: {exc.detail}"
+    with transaction.atomic():
+        capture = Capture.objects.create(
+            annotator=annotator,
+            session_id=uuid.uuid4(),
+            source=Capture.Source.BROWSER,
+            task=task,
+            instruction=task.instruction,
+            size=0,
+            sha256="",
+            status=Capture.Status.RECORDING,
+            stage=STARTING,
         )
-        capture.refresh_from_db()
-        return capture
-    Capture.objects.filter(pk=capture.pk).update(meta={"sandbox_session": session_id}, stage="ready to record")
-    capture.refresh_from_db()
+        from ..tasks import start_capture
+
+        transaction.on_commit(lambda: start_capture.delay(capture.pk))
     return capture
 
 
+def start_desktop(capture_id: int) -> None:
+    """Lease a desktop for a new browser capture and run the task's setup (Celery, `live` queue).
+
+    Idempotent: only a capture still starting is touched, so a retried delivery of a started (or cancelled, or
+    deleted) capture does nothing. A lease left by a delivery that died midway is given back before starting over;
+    a capture cancelled or deleted while its desktop was being prepared gets its lease released, not recorded."""
+    capture = _still_starting(capture_id).select_related("task").first()
+    if capture is None:
+        return
+    client = sandbox_for(capture)
+    if left := capture.meta.get("sandbox_session"):
+        release_quietly(client, left)
+    session_id = ""
+    try:
+        session_id = client.allocate(ttl_s=settings.LIVE_LEASE_TTL_S)["session_id"]
+        if not _still_starting(capture_id).update(meta={"sandbox_session": session_id}):
+            release_quietly(client, session_id)  # cancelled or deleted meanwhile
+            return
+        if capture.task is not None and capture.task.setup_config:
+            client.setup(session_id, capture.task.setup_config)
+    except Exception as exc:
+        if session_id:
+            release_quietly(client, session_id)
+        if isinstance(exc, SandboxError):
+            message = f"The sandbox could not be prepared: {exc.detail}"
+        else:
+            log.exception("browser capture %s: the desktop could not be started", capture_id)
+            message = f"The sandbox could not be prepared: {type(exc).__name__}: {exc}"
+        _still_starting(capture_id).update(
+            status=Capture.Status.FAILED, stage="failed", error=message, updated_at=timezone.now()
+        )
+        return
+    if not _still_starting(capture_id).update(stage=READY, updated_at=timezone.now()):
+        release_quietly(client, session_id)
+
+
+def _still_starting(capture_id: int) -> QuerySet[Capture]:
+    """The capture, if it is still waiting for its desktop (an update through this is a compare-and-set)."""
+    return Capture.objects.filter(
+        pk=capture_id, source=Capture.Source.BROWSER, status=Capture.Status.RECORDING, stage=STARTING
+    )
+
+
 def _session(capture: Capture) -> str:
+    """The sandbox session of a browser capture whose desktop is ready; Conflict (409) otherwise."""
     if capture.source != Capture.Source.BROWSER or capture.status != Capture.Status.RECORDING:
         raise Conflict(f"This capture is {capture.get_status_display().lower()}, not recording in the browser.")
+    if capture.stage == STARTING or not capture.meta.get("sandbox_session"):
+        raise Conflict("The desktop is still starting; try again when the page says it is ready to record.")
     return capture.meta["sandbox_session"]
 
 
@@ -124,13 +168,16 @@ def finish_recording(capture: Capture, audio: UploadedFile | None, audio_offset:
 
 
 def abandon(capture: Capture) -> None:
-    """Give the desktop back without keeping anything (the annotator cancelled)."""
-    session_id = _session(capture)
-    client = sandbox_for(capture)
-    release_quietly(client, session_id)
+    """Give the desktop back without keeping anything (the annotator cancelled), even while it is still starting:
+    then the Celery task that prepares it sees the capture is no longer starting and releases its lease itself."""
+    if capture.source != Capture.Source.BROWSER or capture.status != Capture.Status.RECORDING:
+        raise Conflict(f"This capture is {capture.get_status_display().lower()}, not recording in the browser.")
     Capture.objects.filter(pk=capture.pk).update(
-        status=Capture.Status.FAILED, stage="failed", error="Recording cancelled."
+        status=Capture.Status.FAILED, stage="failed", error="Recording cancelled.", updated_at=timezone.now()
     )
+    session_id = Capture.objects.filter(pk=capture.pk).values_list("meta__sandbox_session", flat=True).first()
+    if session_id:
+        release_quietly(sandbox_for(capture), session_id)
 
 
 def rewrite(archive: bytes, change: dict[str, bytes], meta_update: dict) -> bytes:

@@ -56,7 +56,8 @@ def work_dir(capture: Capture) -> Path:
 def process(capture_id: int) -> Capture:
     """Run the whole pipeline for one capture (see the module docstring)."""
     capture = Capture.objects.get(pk=capture_id)
-    if capture.status in (Capture.Status.READY, Capture.Status.SUBMITTED, Capture.Status.RECEIVING):
+    not_queued = (Capture.Status.READY, Capture.Status.SUBMITTED, Capture.Status.RECEIVING, Capture.Status.VERIFYING)
+    if capture.status in not_queued:
         return capture
     Capture.objects.filter(pk=capture.pk).update(status=Capture.Status.PROCESSING, error="")
     progress = Progress(capture)

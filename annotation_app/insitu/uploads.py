@@ -1,7 +1,8 @@
 """Resumable, checksummed capture uploads (docs/in-situ.md): start or resume, append chunks, verify, queue processing.
 
 Bytes go straight to the archive file under MEDIA_ROOT; the row's `received` is the resume offset and only moves
-after the bytes are on disk (fsync), so an interrupted request never leaves the offset ahead of the file.
+after the bytes are on disk (fsync), so an interrupted request never leaves the offset ahead of the file. The whole
+file's checksum is computed outside the row lock, while the upload is `verifying`.
 """
 
 from __future__ import annotations
@@ -10,11 +11,13 @@ import hashlib
 import os
 import re
 import uuid
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
 from ..models import Capture, User
 from ..permissions import tasks_visible_to
@@ -65,7 +68,7 @@ def start_upload(
                 f"Session {session_id} was already uploaded with different contents (capture {existing.pk}); "
                 "a changed recording needs a new session id."
             )
-        return existing, False
+        return reclaim_stale(existing), False
     task = None
     if task_id is not None:
         task = tasks_visible_to(annotator).filter(pk=task_id).first()
@@ -102,7 +105,11 @@ def parse_content_range(header: str | None, body_length: int) -> tuple[int, int,
 def write_chunk(
     capture_id: int, annotator: User, *, content_range: str | None, sha256: str | None, body: bytes
 ) -> Capture:
-    """Store one chunk; duplicates of stored bytes are accepted without change, gaps are refused with the offset."""
+    """Store one chunk; duplicates of stored bytes are accepted without change, gaps are refused with the offset.
+
+    The last chunk makes the upload `verifying` under the row lock; the whole file's SHA-256 (seconds for GiBs) is
+    computed after that lock is released, so other requests for the capture do not wait on it, and the verdict
+    (queued, or back to offset 0) is applied under the lock again, only if nothing changed the upload meanwhile."""
     if len(body) > settings.MAX_CAPTURE_CHUNK_BYTES:
         raise UploadRejected(f"Chunks are at most {settings.MAX_CAPTURE_CHUNK_BYTES:,} bytes.", status=413)
     if not body:
@@ -116,9 +123,10 @@ def write_chunk(
             raise LookupError
         if total != capture.size:
             raise Invalid(f"Content-Range total {total} differs from the upload's size {capture.size}.")
+        capture = reclaim_stale(capture)
         if capture.status != Capture.Status.RECEIVING:
             if end <= capture.size:
-                return capture  # a late duplicate after completion
+                return capture  # a late duplicate after completion, or during the whole-file check
             raise Conflict(f"The upload is already {capture.get_status_display().lower()}.")
         path = archive_file(capture)
         if start > capture.received:
@@ -139,20 +147,59 @@ def write_chunk(
             os.fsync(out.fileno())
         capture.received = end
         update = ["received", "updated_at"]
-        mismatch = end == capture.size and _file_sha256(path) != capture.sha256
-        if mismatch:  # start over: the reset must be saved, so the error is raised after the commit
-            capture.received = 0
-            path.write_bytes(b"")
-        elif end == capture.size:
-            capture.status = Capture.Status.QUEUED
-            capture.stage = "queued"
+        if end == capture.size:  # every byte is here: the whole-file check runs once the lock is released
+            capture.status = Capture.Status.VERIFYING
+            capture.stage = "verifying"
             update += ["status", "stage"]
-            transaction.on_commit(lambda: _enqueue(capture.pk))
         capture.save(update_fields=update)
-    if mismatch:
+    if capture.status == Capture.Status.VERIFYING:
+        return _verify(capture, path)
+    return capture
+
+
+def _verify(capture: Capture, path: Path) -> Capture:
+    """Check the whole archive's SHA-256 (no lock held), then queue processing or start the upload over.
+
+    `updated_at`, as saved when the upload became `verifying`, is this check's claim: the verdict is applied only to
+    that same state. Meanwhile the capture may have been deleted (404), or a check that looked abandoned (see
+    `reclaim_stale`) may have sent it back to receiving; then the current state is answered, unchanged."""
+    claim = capture.updated_at
+    try:
+        matches = _file_sha256(path) == capture.sha256
+    except FileNotFoundError:  # deleted meanwhile (or the file is gone: then it must be sent again anyway)
+        matches = False
+    with transaction.atomic():
+        current = Capture.objects.select_for_update().filter(pk=capture.pk).first()
+        if current is None:
+            raise LookupError
+        if current.status != Capture.Status.VERIFYING or current.updated_at != claim:
+            return current
+        if matches:
+            current.status, current.stage = Capture.Status.QUEUED, "queued"
+            transaction.on_commit(lambda: _enqueue(current.pk))
+        else:  # start over: the reset must be saved, so the error is raised after the commit
+            current.status, current.stage, current.received = Capture.Status.RECEIVING, "", 0
+            path.write_bytes(b"")
+        current.save(update_fields=["status", "stage", "received", "updated_at"])
+    if not matches:
         raise ChecksumMismatch(
             "The assembled capture does not match its SHA-256; it was discarded. Upload it again from the start."
         )
+    return current
+
+
+def reclaim_stale(capture: Capture) -> Capture:
+    """An upload left `verifying` by a check that died (its server process was killed mid-hash) goes back to
+    receiving with its last byte to resend: a client that resumes from the offset sends the last chunk again, and
+    the check runs again. A check younger than CAPTURE_VERIFY_STALE_S is left alone."""
+    if capture.status != Capture.Status.VERIFYING:
+        return capture
+    if capture.updated_at > timezone.now() - timedelta(seconds=settings.CAPTURE_VERIFY_STALE_S):
+        return capture
+    Capture.objects.filter(pk=capture.pk, status=Capture.Status.VERIFYING, updated_at=capture.updated_at).update(
+        status=Capture.Status.RECEIVING, stage="", received=capture.size - 1, updated_at=timezone.now()
+    )
+    capture.refresh_from_db()
     return capture
 
 

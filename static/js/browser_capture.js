@@ -1,6 +1,9 @@
 // Think-aloud in the browser: drive the sandbox desktop over noVNC (interactive) while MediaRecorder records the
 // microphone. The desktop's input events are captured by the sandbox; on stop the audio goes to the server with the
 // offset between the two clocks, and the capture is processed like an upload from the recorder.
+// The desktop is leased and set up by a Celery task: until it is ready (data-ready) the page shows "starting the
+// desktop…", Record stays disabled and noVNC does not connect; the capture's status poll (htmx) reloads the page
+// when it is ready, or shows why it failed.
 import RFB from "../vendor/novnc/core/rfb.js";
 
 const root = document.getElementById("browser-capture");
@@ -57,7 +60,11 @@ async function start() {
     window.thinkAloud.state = "recording";
     say("recording: say what you think as you work");
     $("stop").disabled = false;
-    if (rfb) rfb.focus(); // back to the desktop: the Record button had the focus, and a canvas click only takes it
+    // Controls at the top of the window, the desktop below them (it is sized to fit: .vnc.fit-screen), so Stop stays
+    // in sight; then the keyboard goes back to the desktop (the Record button had the focus, and a canvas click
+    // only takes it) without scrolling the page again.
+    $("capture-controls").scrollIntoView({ block: "start" });
+    if (rfb) rfb.focus({ preventScroll: true });
   } catch (error) {
     say("could not start: " + error.message);
     $("record").disabled = false;
@@ -87,4 +94,8 @@ async function stop() {
 
 $("record").addEventListener("click", start);
 $("stop").addEventListener("click", stop);
-connectVnc();
+if (root.dataset.ready === "1") {
+  connectVnc();
+} else {
+  window.thinkAloud.state = "starting";
+}

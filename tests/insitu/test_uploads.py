@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
+from datetime import timedelta
 
 import pytest
+from django.db import connection, transaction
 from django.urls import reverse
+from django.utils import timezone
 
 from annotation_app.models import Capture
 
@@ -156,3 +161,119 @@ def test_owner_deletes_a_capture_with_its_files(api, started, settings):
     assert folder.exists()
     assert api.delete(reverse("insitu-capture", args=[state["id"]])).status_code == 204
     assert not folder.exists() and not Capture.objects.exists()
+
+
+@pytest.fixture
+def slow_hash(monkeypatch):
+    """The whole-file SHA-256 of the last chunk waits for `go` (after setting `hashing`): the upload stays
+    `verifying` while the test looks at it."""
+    from annotation_app.insitu import uploads
+
+    hashing, go = threading.Event(), threading.Event()
+    real = uploads._file_sha256
+
+    def held(path):
+        hashing.set()
+        assert go.wait(20), "the test never let the hash finish"
+        return real(path)
+
+    monkeypatch.setattr(uploads, "_file_sha256", held)
+    return hashing, go
+
+
+def last_chunk_in_a_thread(user, pk: int):
+    """PUT the rest of DATA from another thread (its own connection); returns (thread, responses)."""
+    responses = []
+
+    def send():
+        try:
+            responses.append(put(api_client_for(user), pk, 100_000, DATA[100_000:]))
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=send)
+    thread.start()
+    return thread, responses
+
+
+def test_the_whole_file_check_holds_no_lock(transactional_db, annotator, settings, tmp_path, slow_hash, monkeypatch):
+    """While the last chunk's request hashes the archive, the upload is `verifying`: its state answers at once, the
+    row is not locked, a duplicate chunk is answered; then the verdict queues processing, once."""
+    from annotation_app.insitu import uploads
+
+    settings.MEDIA_ROOT = tmp_path
+    queued = []
+    monkeypatch.setattr(uploads, "_enqueue", queued.append)
+    hashing, go = slow_hash
+    api = api_client_for(annotator)
+    body = {"session_id": str(uuid.uuid4()), "size": len(DATA), "sha256": sha256(DATA), "instruction": "x"}
+    pk = api.post("/api/insitu/uploads/", body, format="json").json()["id"]
+    assert put(api, pk, 0, DATA[:100_000]).status_code == 200
+    thread, responses = last_chunk_in_a_thread(annotator, pk)
+    try:
+        assert hashing.wait(20)
+        began = time.monotonic()
+        state = api.get(f"/api/insitu/uploads/{pk}/").json()
+        assert (state["status"], state["offset"], state["stage"]) == ("verifying", len(DATA), "verifying")
+        with transaction.atomic():  # the row lock is free: this would raise at once if the hash still held it
+            Capture.objects.select_for_update(nowait=True).get(pk=pk)
+        duplicate = put(api, pk, 0, DATA[:100_000])  # a retry: answered, not held up, nothing changes
+        assert duplicate.status_code == 200 and duplicate.json()["status"] == "verifying"
+        assert api.post("/api/insitu/uploads/", body, format="json").json()["status"] == "verifying"
+        assert time.monotonic() - began < 5 and not queued
+    finally:
+        go.set()
+        thread.join(30)
+    assert responses[0].status_code == 200 and responses[0].json()["status"] == "queued"
+    assert queued == [pk] and Capture.objects.get(pk=pk).status == "queued"
+
+
+def test_a_mismatch_found_outside_the_lock_still_resets_to_zero(transactional_db, annotator, settings, tmp_path):
+    settings.MEDIA_ROOT = tmp_path
+    api = api_client_for(annotator)
+    body = {"session_id": str(uuid.uuid4()), "size": len(DATA), "sha256": sha256(DATA[::-1]), "instruction": "x"}
+    pk = api.post("/api/insitu/uploads/", body, format="json").json()["id"]
+    response = put(api, pk, 0, DATA)
+    assert response.status_code == 400 and "Upload it again from the start" in response.json()["detail"]
+    state = api.get(f"/api/insitu/uploads/{pk}/").json()
+    assert (state["offset"], state["status"]) == (0, "receiving")
+    from annotation_app.insitu.uploads import archive_file
+
+    assert archive_file(Capture.objects.get(pk=pk)).read_bytes() == b""
+
+
+def test_a_capture_deleted_during_the_check_stays_deleted(transactional_db, annotator, settings, tmp_path, slow_hash):
+    """The verdict is applied only to the upload it was computed for: deleted meanwhile, the request answers 404
+    and nothing is written back (not even the empty archive of a reset)."""
+    settings.MEDIA_ROOT = tmp_path
+    hashing, go = slow_hash
+    api = api_client_for(annotator)
+    body = {"session_id": str(uuid.uuid4()), "size": len(DATA), "sha256": sha256(DATA[::-1]), "instruction": "x"}
+    pk = api.post("/api/insitu/uploads/", body, format="json").json()["id"]
+    assert put(api, pk, 0, DATA[:100_000]).status_code == 200
+    thread, responses = last_chunk_in_a_thread(annotator, pk)
+    try:
+        assert hashing.wait(20)
+        assert api.delete(reverse("insitu-capture", args=[pk])).status_code == 204
+    finally:
+        go.set()
+        thread.join(30)
+    assert responses[0].status_code == 404
+    assert not Capture.objects.exists() and not (tmp_path / f"captures/{pk}").exists()
+
+
+def test_a_check_that_died_is_taken_up_again(api, started, django_capture_on_commit_callbacks):
+    """A request killed while hashing leaves the upload `verifying`; once that is stale, the upload goes back to
+    receiving with its last byte to send, and sending it runs the check again."""
+    state, _ = started
+    pk = state["id"]
+    with django_capture_on_commit_callbacks():
+        assert put(api, pk, 0, DATA).json()["status"] == "queued"
+    Capture.objects.filter(pk=pk).update(status="verifying", stage="verifying", updated_at=timezone.now())
+    assert api.get(f"/api/insitu/uploads/{pk}/").json()["status"] == "verifying"  # a live check: left alone
+    Capture.objects.filter(pk=pk).update(updated_at=timezone.now() - timedelta(hours=1))
+    state = api.get(f"/api/insitu/uploads/{pk}/").json()
+    assert (state["status"], state["offset"]) == ("receiving", len(DATA) - 1)
+    with django_capture_on_commit_callbacks() as callbacks:
+        done = put(api, pk, len(DATA) - 1, DATA[-1:])
+    assert done.status_code == 200 and done.json()["status"] == "queued" and len(callbacks) == 1

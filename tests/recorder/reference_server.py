@@ -13,7 +13,8 @@ Protocol, as implemented here (each rule is the doc's):
   a checksum mismatch -> 400, nothing written; START == offset -> written, 200 {"offset", "status"}; bytes already
   received (END < offset) that match what is stored -> 200 with the current offset; a gap (START > offset) -> 409
   {"offset"}; when the last byte arrives the whole file's SHA-256 decides: complete (200), or 400 and back to offset 0;
-- GET /api/insitu/uploads/<id>/ -> {"id", "offset", "size", "status", "capture"}.
+- GET /api/insitu/uploads/<id>/ -> {"id", "offset", "size", "status", "capture"}; "verifying" (offset = size) while
+  the whole file's checksum is still being checked for another request.
 Reading choices where the doc is silent: a chunk that overlaps the offset (START < offset <= END) is answered 409
 {"offset"} (the client re-slices from there); re-sent bytes that differ from what is stored are 409 {"detail"} without
 an offset (as the Django endpoint answers them).
@@ -66,6 +67,7 @@ class Faults:
     corrupt_chunks: int = 0  # PUT bodies damaged in transit (one byte flipped before the checksum check)
     corrupt_stored_at: int | None = None  # flip this stored byte once it is written (whole-file checksum fails)
     lose_tail_after: int | None = None  # once the offset passes this, forget the last chunk once (a gap for the client)
+    verifying_gets: int = 0  # GETs of an upload with every byte that answer "verifying" (the whole-file check runs)
 
 
 @dataclass
@@ -186,7 +188,11 @@ class _Handler(BaseHTTPRequestHandler):
                 if upload is None:
                     return self._answer(404, {"detail": "Not found."}, entry)
                 entry.offset_before = upload.offset
-                return self._answer(200, upload.state(), entry)
+                state = upload.state()
+                if ref.faults.verifying_gets > 0 and upload.offset == upload.size:
+                    ref.faults.verifying_gets -= 1
+                    state["status"] = "verifying"
+                return self._answer(200, state, entry)
         self._answer(404, {"detail": "Not found."}, entry)
 
     def do_POST(self) -> None:

@@ -170,6 +170,16 @@ def test_a_whole_file_checksum_failure_sends_everything_again(server, session):
     assert puts[failed].end == len(tar_of(session)) - 1 and puts[failed + 1].start == 0
 
 
+def test_an_upload_still_verifying_is_asked_again_until_it_is_decided(server, session):
+    """The answer to the last chunk is lost; the server has every byte and is still checking the whole file
+    ("verifying"): that is not the end, the uploader asks again until the verdict."""
+    server.faults.lose_response_after_write = 1
+    server.faults.verifying_gets = 2
+    result = uploader(server, chunk_size=10**7).upload(session)  # one chunk: the first PUT is the last
+    assert result.status == "complete" and result.capture == 101 and received(server, session) == tar_of(session)
+    assert server.faults.verifying_gets == 0 and len(server.puts()) == 1
+
+
 def test_the_protocol_rules_of_the_reference_server(server):
     """The reference server itself, call by call (what the Django endpoint must answer too)."""
     data = random.Random(5).randbytes(1000)
