@@ -11,6 +11,7 @@ the next sequence's first token. Results equal the padded batch's; `unpack` brin
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -98,3 +99,23 @@ def unpack(values: torch.Tensor, packing: Packing) -> torch.Tensor:
     out = torch.zeros(batch_size * width, dtype=values.dtype, device=values.device)
     out[packing.index[:, :-1][predicts]] = values[predicts]
     return out.reshape(batch_size, width)[:, :-1]
+
+
+@torch.no_grad()
+def exact_for(model: Any, vocab_size: int) -> bool:
+    """Whether this model keeps packed sequences apart: log-probs of short random sequences, padded and packed (two
+    of them in one row), agree. Packing relies on transformers recognising packed rows from `position_ids`; a model
+    that does not (its attention would cross into the neighbouring sequence) fails this and is trained padded."""
+    from training.models import token_log_probs
+
+    generator = torch.Generator().manual_seed(0)
+    device = next(model.parameters()).device
+    ids = torch.randint(0, vocab_size, (3, 12), generator=generator).to(device)
+    attention = torch.ones_like(ids)
+    attention[1:, 6:] = 0  # 12, 6 and 6 tokens: the two short ones share a row
+    batch = {"input_ids": ids * attention, "attention_mask": attention, "mask": attention[:, 1:].float()}
+    layout = plan(attention)
+    padded, _ = token_log_probs(model, batch, only=batch["mask"])
+    packed, _ = token_log_probs(model, pack(batch, layout), only=pack(batch, layout)["mask"])
+    tolerance = 1e-3 if next(model.parameters()).dtype == torch.float32 else 5e-2
+    return bool(torch.allclose(unpack(packed, layout), padded, atol=tolerance, rtol=tolerance))

@@ -13,6 +13,7 @@ import copy
 import itertools
 import math
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -128,6 +129,9 @@ class PPOTrainer:
         self.policy = LocalPolicy(self.actor, self.renderer, sampling, max_batch=max(cfg.concurrency, 1))
         self.version = 0
         self._seed_counter = itertools.count(self.rank, self.world)
+        self.pack = cfg.pack and packing.exact_for(self.actor, len(self.tokenizer))
+        if cfg.pack and not self.pack:
+            warnings.warn("this model does not keep packed sequences apart; training on padded batches", stacklevel=2)
 
     # --- rollouts --------------------------------------------------------------------------------------------------
 
@@ -204,7 +208,7 @@ class PPOTrainer:
 
     def _packing(self, batch: dict[str, Any]) -> packing.Packing | None:
         """How a batch's sequences share rows, or None to keep it padded (packing off, or images in the batch)."""
-        if not self.cfg.pack or "pixel_values" in batch:
+        if not self.pack or "pixel_values" in batch:
             return None
         return packing.plan(batch["attention_mask"])
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,7 @@ class SFTConfig:
     resume: bool = False  # continue from the run directory's latest checkpoint
     seed: int = 0
     lora: LoraSettings = field(default_factory=LoraSettings)
+    pack: bool = True  # padding-free micro-batches (training.packing); text-only batches
     progress: bool = True
 
 
@@ -66,10 +68,10 @@ def episode_batches(path: str, size: int, epochs: int, skip: int) -> Iterator[li
         yield batch
 
 
-def masked_nll_sum(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Σ −log π over the trained tokens of a micro-batch."""
+def masked_nll_sum(model: Any, batch: dict[str, torch.Tensor], *, pack: bool = True) -> torch.Tensor:
+    """Σ −log π over the trained tokens of a micro-batch (text batches in padding-free rows when `pack`)."""
     batch = dict(batch, mask=batch["loss_mask"][:, 1:])
-    if "pixel_values" not in batch:  # text: padding-free rows (training.packing)
+    if pack and "pixel_values" not in batch:  # text: padding-free rows (training.packing)
         batch = packing.pack(batch, packing.plan(batch["attention_mask"]))
     log_probs, _ = token_log_probs(model, batch, only=batch["mask"])
     return -(log_probs * batch["mask"]).sum()
@@ -86,6 +88,9 @@ def train_sft(cfg: SFTConfig) -> dict[str, Any]:
     tokenizer, processor = load_tokenizer(cfg.model)
     renderer = Renderer(tokenizer, image_processor=processor, mode=cfg.mode, max_length=cfg.max_length)
     model = load_actor(cfg.model, cfg.lora).to(device)
+    pack = cfg.pack and packing.exact_for(model, len(tokenizer))
+    if cfg.pack and not pack:
+        warnings.warn("this model does not keep packed sequences apart; training on padded batches", stacklevel=2)
     model.train()
     trained = dist.wrap(model)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
@@ -117,7 +122,7 @@ def train_sft(cfg: SFTConfig) -> dict[str, Any]:
             sync = n == len(chunks) - 1 or world == 1
             with contextlib.nullcontext() if sync else trained.no_sync():
                 batch = {k: v.to(device) for k, v in collate(chunk, tokenizer.pad_token_id).items()}
-                loss_sum = masked_nll_sum(trained, batch)
+                loss_sum = masked_nll_sum(trained, batch, pack=pack)
                 # DDP averages gradients over ranks; × world makes it the gradient of the global token mean.
                 (loss_sum * world / max(global_tokens, 1.0)).backward()
                 nll += float(loss_sum.detach())

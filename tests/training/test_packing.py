@@ -116,3 +116,14 @@ def test_a_ppo_update_with_packing_gives_the_padded_update(tiny_text, tmp_path):
         torch.testing.assert_close(packed_actor[name], value, rtol=1e-4, atol=1e-5, msg=name)
     for name, value in padded_critic.items():
         torch.testing.assert_close(packed_critic[name], value, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_models_that_would_mix_packed_sequences_are_found_and_trained_padded(tiny_text):
+    """GPT-2 ignores per-sequence positions for its attention mask (plain causal attention over the row); the check
+    sees its packed log-probs differ and the trainers keep such models padded."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    tokenizer, _ = load_tokenizer(tiny_text)
+    assert packing.exact_for(load_actor(tiny_text), len(tokenizer))
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=300, bos_token_id=0, eos_token_id=0))
+    assert not packing.exact_for(gpt2, 300)
