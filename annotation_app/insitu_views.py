@@ -26,6 +26,7 @@ def _own(request: HttpRequest, pk: int) -> Capture:
 def captures(request: HttpRequest) -> HttpResponse:
     """The annotator's captures with their processing state, and how to connect the recorder."""
     rows = Capture.objects.filter(annotator=request.user).select_related("task")[:100]
+    rows = [browser.time_out_start(c) for c in rows]  # a desktop that never started fails, it is not polled forever
     context = {
         "captures": rows,
         "busy": any(c.pending for c in rows),
@@ -51,7 +52,7 @@ def recorder_token(request: HttpRequest) -> HttpResponse:
 @requires(Capability.ANNOTATE)
 def capture_page(request: HttpRequest, pk: int) -> HttpResponse:
     """The timeline: audio with the words highlighted as it plays, steps with screenshots and editable thoughts."""
-    capture = _own(request, pk)
+    capture = browser.time_out_start(_own(request, pk))  # a desktop that never started fails here, not hangs
     recording = capture.trajectory.recordings.first() if capture.trajectory else None
     context = {
         "capture": capture,
@@ -61,7 +62,8 @@ def capture_page(request: HttpRequest, pk: int) -> HttpResponse:
     }
     if request.htmx:
         # The status poll: once what the page waits for is over (processing, or the browser capture's desktop
-        # starting), the whole page reloads to show the timeline, the desktop ready to record, or the error.
+        # starting, or that taking longer than CAPTURE_START_TIMEOUT_S), the whole page reloads to show the
+        # timeline, the desktop ready to record, or the error.
         response = render(request, "annotation_app/_capture_status.html", context)
         if not capture.pending:
             response["HX-Refresh"] = "true"
@@ -95,7 +97,8 @@ def capture_delete(request: HttpRequest, pk: int) -> HttpResponse:
 @requires(Capability.ANNOTATE)
 def browser_start(request: HttpRequest) -> HttpResponse:
     """Record the current task in the browser: the capture page opens at once and shows "starting the desktop"
-    while a Celery task leases a sandbox desktop and runs the task's setup."""
+    while a Celery task leases a sandbox desktop and runs the task's setup. A capture of the task that is still
+    starting or ready to record is resumed (a double submit leases one desktop, not two)."""
     try:
         capture = browser.open_browser_capture(request.user)
     except Conflict as exc:

@@ -162,6 +162,9 @@ CAPTURE_CHUNK_BYTES = min(4 * 1024**2, MAX_CAPTURE_CHUNK_BYTES)  # what clients 
 # An upload `verifying` (whole-file SHA-256) longer than this was left by a request that died: it is sent back to
 # receiving with its last byte to resend (annotation_app.insitu.uploads.reclaim_stale). Hashing 4 GiB takes seconds.
 CAPTURE_VERIFY_STALE_S = float(env("CAPTURE_VERIFY_STALE_S", "300"))
+# A browser capture whose desktop is not ready this long after *Record my current task in the browser* (no worker on
+# the `live` queue took it, or the task's setup is still running) fails when its page next asks; its lease goes back.
+CAPTURE_START_TIMEOUT_S = float(env("CAPTURE_START_TIMEOUT_S", "120"))
 MAX_CAPTURE_EVENTS = int(env("MAX_CAPTURE_EVENTS", "5000000"))
 MAX_CAPTURE_AUDIO_S = float(env("MAX_CAPTURE_AUDIO_S", str(4 * 3600)))
 ASR_BACKEND = env("ASR_BACKEND", "")  # empty: the faster backend on this machine (annotation_app.insitu.asr)

@@ -95,7 +95,8 @@ class UploadView(CaptureView):
 
     @extend_schema(responses={200: UPLOAD_STATE})
     def get(self, request: Request, pk: int) -> Response:
-        return Response(uploads.describe(uploads.reclaim_stale(own_capture(request, pk))))
+        capture = browser.time_out_start(uploads.reclaim_stale(own_capture(request, pk)))
+        return Response(uploads.describe(capture))
 
     @extend_schema(
         request={"application/octet-stream": {"type": "string", "format": "binary"}},

@@ -15,17 +15,18 @@ import json
 import logging
 import tarfile
 import uuid
+from datetime import timedelta
 
 from django.conf import settings
 from django.core.files.uploadedfile import UploadedFile
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import Case, QuerySet, TextField, Value, When
 from django.utils import timezone
 
-from sandbox.client import SandboxClient, SandboxError
+from sandbox.client import SandboxClient, SandboxError, SessionGoneError
 
 from ..live import release_quietly, sandbox_as
-from ..models import Capture, User
+from ..models import Assignment, Capture, Task, User
 from ..task_queue import current_assignment
 from ..trajectories import Conflict, Invalid
 from ..uploads import AUDIO_FORMATS, check_upload
@@ -34,6 +35,9 @@ from .uploads import _enqueue, archive_file
 log = logging.getLogger(__name__)
 
 STARTING, READY = Capture.STAGE_STARTING, Capture.STAGE_READY
+
+NO_TASK = "Take a task from the queue first."
+LEASE_GONE = "The lease on the desktop expired before recording started; start again from the Think-aloud page."
 
 BROWSER_AUDIO = {"audio/webm": "webm", "audio/ogg": "ogg", "audio/wav": "wav"}
 
@@ -44,13 +48,29 @@ def sandbox_for(capture: Capture) -> SandboxClient:
 
 
 def open_browser_capture(annotator: User) -> Capture:
-    """A new browser capture of the annotator's current task; its desktop is leased and set up in a Celery task
-    (`start_desktop`), so a slow setup never holds the request: the page shows "starting the desktop" meanwhile."""
+    """The annotator's open browser capture of their current task (its desktop starting, or ready to record), or a
+    new one whose desktop is leased and set up in a Celery task (`start_desktop`), so a slow setup never holds the
+    request: the page shows "starting the desktop" meanwhile.
+
+    A double submit, or coming back to the task, resumes the open capture instead of leasing a second desktop. One
+    whose desktop lease is gone, or whose desktop did not start in time, fails and is not resumed. Concurrent starts
+    are serialised by a lock on the assignment: the second waits, then finds the first one's capture."""
     assignment = current_assignment(annotator)
     if assignment is None:
-        raise Conflict("Take a task from the queue first.")
+        raise Conflict(NO_TASK)
     task = assignment.task
+    # Outside the lock: checking a lease is a call to the sandbox service, which must not hold the assignment.
+    for capture in _open_captures(annotator, task):
+        if _desktop_alive(capture):
+            return capture
     with transaction.atomic():
+        locked = Assignment.objects.select_for_update().filter(pk=assignment.pk, status=Assignment.Status.ACTIVE)
+        if locked.values_list("pk", flat=True).first() is None:
+            raise Conflict(NO_TASK)  # submitted or skipped meanwhile
+        # Read after the lock: a start that held it before this one has committed its capture by now.
+        existing = _open_captures(annotator, task).first()
+        if existing is not None:
+            return existing
         capture = Capture.objects.create(
             annotator=annotator,
             session_id=uuid.uuid4(),
@@ -65,6 +85,65 @@ def open_browser_capture(annotator: User) -> Capture:
         from ..tasks import start_capture
 
         transaction.on_commit(lambda: start_capture.delay(capture.pk))
+    return capture
+
+
+def _open_captures(annotator: User, task: Task) -> QuerySet[Capture]:
+    """The annotator's browser captures of this task that have not started recording yet, newest first."""
+    return Capture.objects.filter(
+        annotator=annotator,
+        task=task,
+        source=Capture.Source.BROWSER,
+        status=Capture.Status.RECORDING,
+        stage__in=[STARTING, READY],
+    ).order_by("-created_at", "-id")
+
+
+def _desktop_alive(capture: Capture) -> bool:
+    """Whether an open capture can be resumed: its desktop is still starting (within CAPTURE_START_TIMEOUT_S), or
+    ready and its lease renews. A lease that is gone fails the capture; a sandbox service that does not answer
+    leaves it be (the lease may well outlive the outage), as live annotation does."""
+    if capture.stage == STARTING:
+        return time_out_start(capture).status == Capture.Status.RECORDING
+    session_id = capture.meta.get("sandbox_session", "")
+    try:
+        sandbox_for(capture).renew(session_id, settings.LIVE_LEASE_TTL_S)
+    except SessionGoneError:
+        Capture.objects.filter(
+            pk=capture.pk, status=Capture.Status.RECORDING, stage=READY, meta__sandbox_session=session_id
+        ).update(status=Capture.Status.FAILED, stage="failed", error=LEASE_GONE, updated_at=timezone.now())
+        return False
+    except SandboxError as exc:
+        log.warning("could not renew the desktop lease of browser capture %s: %s", capture.pk, exc)
+    return True
+
+
+def time_out_start(capture: Capture) -> Capture:
+    """Fail a browser capture whose desktop has not started CAPTURE_START_TIMEOUT_S after it was created (no worker
+    on the `live` queue took it, or its setup is still running) and give back any lease it holds; the capture as
+    it now stands. A compare-and-set on the capture still starting: a desktop that became ready meanwhile is kept,
+    and the Celery task, should it come later, finds the capture no longer starting and releases what it leased."""
+    if not (capture.source == Capture.Source.BROWSER and capture.pending):
+        return capture
+    limit = settings.CAPTURE_START_TIMEOUT_S
+    cutoff = timezone.now() - timedelta(seconds=limit)
+    if capture.created_at > cutoff:
+        return capture
+    late = f"The desktop did not start within {limit:g} s"
+    error = Case(
+        When(meta__has_key="sandbox_session", then=Value(f"{late}: the task's setup was still running.")),
+        default=Value(f"{late}; is a worker running on the live queue?"),
+        output_field=TextField(),
+    )
+    failed = _still_starting(capture.pk).filter(created_at__lte=cutoff)
+    if failed.update(status=Capture.Status.FAILED, stage="failed", error=error, updated_at=timezone.now()):
+        session_id = Capture.objects.filter(pk=capture.pk).values_list("meta__sandbox_session", flat=True).first()
+        if session_id:
+            release_quietly(sandbox_for(capture), session_id)
+    try:
+        capture.refresh_from_db()
+    except Capture.DoesNotExist:  # deleted meanwhile: the caller answers with what it has
+        pass
     return capture
 
 
