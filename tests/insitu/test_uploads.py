@@ -277,3 +277,15 @@ def test_a_check_that_died_is_taken_up_again(api, started, django_capture_on_com
     with django_capture_on_commit_callbacks() as callbacks:
         done = put(api, pk, len(DATA) - 1, DATA[-1:])
     assert done.status_code == 200 and done.json()["status"] == "queued" and len(callbacks) == 1
+
+
+def test_the_captures_list_polls_while_something_is_pending_and_then_stops(api, annotator, started):
+    state, _ = started
+    api.force_login(annotator)
+    page = api.get(reverse("insitu")).content.decode()
+    assert 'id="captures"' in page and 'hx-trigger="every 2s"' in page  # receiving: the list refreshes itself
+    Capture.objects.filter(pk=state["id"]).update(status=Capture.Status.READY)
+    partial = api.get(reverse("insitu"), headers={"HX-Request": "true"}).content.decode()
+    # the block replaces itself (outerHTML), and without a trigger once nothing is pending: the polling stops
+    assert 'id="captures"' in partial
+    assert "hx-trigger" not in partial
