@@ -7,6 +7,7 @@ ordinary directory that PPO starts from.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,4 +176,10 @@ def _accepts_logits_to_keep(model: Any) -> bool:
     inner = getattr(model, "module", model)  # DistributedDataParallel
     if hasattr(inner, "get_base_model"):  # peft
         inner = inner.get_base_model()
-    return "logits_to_keep" in inspect.signature(inner.forward).parameters
+    return _forward_takes_logits_to_keep(type(inner))
+
+
+@functools.cache
+def _forward_takes_logits_to_keep(cls: type) -> bool:
+    """Per model class, once: reading a signature on every minibatch would be work repeated on the hot path."""
+    return "logits_to_keep" in inspect.signature(cls.forward).parameters

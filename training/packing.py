@@ -10,6 +10,7 @@ the next sequence's first token. Results equal the padded batch's; `unpack` brin
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,7 +116,19 @@ def exact_for(model: Any, vocab_size: int) -> bool:
     attention[1:, 6:] = 0  # 12, 6 and 6 tokens: the two short ones share a row
     batch = {"input_ids": ids * attention, "attention_mask": attention, "mask": attention[:, 1:].float()}
     layout = plan(attention)
+    packed_batch = pack(batch, layout)
     padded, _ = token_log_probs(model, batch, only=batch["mask"])
-    packed, _ = token_log_probs(model, pack(batch, layout), only=pack(batch, layout)["mask"])
+    packed, _ = token_log_probs(model, packed_batch, only=packed_batch["mask"])
     tolerance = 1e-3 if next(model.parameters()).dtype == torch.float32 else 5e-2
     return bool(torch.allclose(unpack(packed, layout), padded, atol=tolerance, rtol=tolerance))
+
+
+def usable(wanted: bool, model: Any, vocab_size: int) -> bool:
+    """Whether a trainer packs: asked for (`--pack`) and exact for this model; a model that fails the check trains
+    padded, with a warning saying so."""
+    if not wanted:
+        return False
+    if exact_for(model, vocab_size):
+        return True
+    warnings.warn("this model does not keep packed sequences apart; training on padded batches", stacklevel=3)
+    return False

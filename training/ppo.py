@@ -13,7 +13,6 @@ import copy
 import itertools
 import math
 import time
-import warnings
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -129,9 +128,7 @@ class PPOTrainer:
         self.policy = LocalPolicy(self.actor, self.renderer, sampling, max_batch=max(cfg.concurrency, 1))
         self.version = 0
         self._seed_counter = itertools.count(self.rank, self.world)
-        self.pack = cfg.pack and packing.exact_for(self.actor, len(self.tokenizer))
-        if cfg.pack and not self.pack:
-            warnings.warn("this model does not keep packed sequences apart; training on padded batches", stacklevel=2)
+        self.pack = packing.usable(cfg.pack, self.actor, len(self.tokenizer))
 
     # --- rollouts --------------------------------------------------------------------------------------------------
 

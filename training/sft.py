@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,9 +87,7 @@ def train_sft(cfg: SFTConfig) -> dict[str, Any]:
     tokenizer, processor = load_tokenizer(cfg.model)
     renderer = Renderer(tokenizer, image_processor=processor, mode=cfg.mode, max_length=cfg.max_length)
     model = load_actor(cfg.model, cfg.lora).to(device)
-    pack = cfg.pack and packing.exact_for(model, len(tokenizer))
-    if cfg.pack and not pack:
-        warnings.warn("this model does not keep packed sequences apart; training on padded batches", stacklevel=2)
+    pack = packing.usable(cfg.pack, model, len(tokenizer))
     model.train()
     trained = dist.wrap(model)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
