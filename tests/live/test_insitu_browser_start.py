@@ -49,6 +49,24 @@ def leased(capture: Capture, session_id: str) -> bool:
         client.close()
 
 
+def start_in_background(capture: Capture) -> tuple[threading.Thread, str]:
+    """Deliver the capture's start task in a thread, as a worker would (on a connection of its own), and wait until
+    it has leased the desktop; the thread (still running the task's setup) and the leased session."""
+
+    def deliver() -> None:
+        try:
+            tasks.start_capture(capture.pk)
+        finally:
+            connection.close()
+
+    worker = threading.Thread(target=deliver)
+    worker.start()
+    deadline = time.monotonic() + 30
+    while not Capture.objects.get(pk=capture.pk).meta.get("sandbox_session") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return worker, Capture.objects.get(pk=capture.pk).meta["sandbox_session"]
+
+
 def started(capture: Capture) -> Capture:
     tasks.start_capture(capture.pk)
     capture.refresh_from_db()
@@ -199,18 +217,7 @@ def test_a_capture_cancelled_while_its_desktop_starts_gets_no_desktop(held, live
     assignment.task.save()
     capture = browser.open_browser_capture(assignment.annotator)
 
-    def deliver() -> None:  # as a worker would, on a connection of its own
-        try:
-            tasks.start_capture(capture.pk)
-        finally:
-            connection.close()
-
-    worker = threading.Thread(target=deliver)
-    worker.start()
-    deadline = time.monotonic() + 30
-    while not Capture.objects.get(pk=capture.pk).meta.get("sandbox_session") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    session = Capture.objects.get(pk=capture.pk).meta["sandbox_session"]  # leased, setup running
+    worker, session = start_in_background(capture)  # leased, setup running
     assert client.post(reverse("insitu-delete", args=[capture.pk])).status_code == 302
     worker.join(30)
     assert not worker.is_alive() and not Capture.objects.filter(pk=capture.pk).exists()
@@ -385,18 +392,7 @@ def test_a_start_that_times_out_during_the_setup_gives_its_lease_back(held, live
     assignment.task.save()
     capture = browser.open_browser_capture(assignment.annotator)
 
-    def deliver() -> None:
-        try:
-            tasks.start_capture(capture.pk)
-        finally:
-            connection.close()
-
-    worker = threading.Thread(target=deliver)
-    worker.start()
-    deadline = time.monotonic() + 30
-    while not Capture.objects.get(pk=capture.pk).meta.get("sandbox_session") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    session = Capture.objects.get(pk=capture.pk).meta["sandbox_session"]  # leased, setup running
+    worker, session = start_in_background(capture)  # leased, setup running
     overdue(capture, settings)
     assert client.get(page_of(capture), headers={"HX-Request": "true"})["HX-Refresh"] == "true"
     worker.join(30)
