@@ -66,11 +66,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jiwer
 import numpy as np
 import orjson
 import psycopg
 import soundfile
 from PIL import Image, ImageDraw
+from whisper.normalizers import EnglishTextNormalizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from annotation_app.insitu.audio import SAMPLE_RATE
@@ -559,18 +561,10 @@ def build_session_capture(args: argparse.Namespace, tmp: Path) -> tuple[bytes, C
     return archive, builder, session, ". ".join(script)
 
 
-def words_of(text: str) -> list[str]:
-    return re.findall(r"[a-z0-9']+", text.lower())
-
-
 def word_error_rate(reference: str, hypothesis: str) -> float:
-    ref, hyp = words_of(reference), words_of(hypothesis)
-    row = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        prev, row[0] = row[0], i
-        for j, h in enumerate(hyp, 1):
-            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (r != h))
-    return row[-1] / max(1, len(ref))
+    """WER as bench/asr.py and tests/insitu/test_asr.py measure it: jiwer after Whisper's English normaliser."""
+    normalize = EnglishTextNormalizer()
+    return jiwer.wer(normalize(reference), normalize(hypothesis))
 
 
 @contextmanager
