@@ -27,9 +27,13 @@ from sandbox.actions import (
 )
 
 MODIFIERS = ("ctrl", "alt", "shift", "cmd")  # the order hotkeys list them in
+# AltGr (ISO_Level3_Shift) selects the third level of a key: the recorder reports the character it produced ("@"),
+# which is typed text. It is no chord modifier, so it never reaches a hotkey (folding it into alt typed "alt @").
+LEVEL_SHIFTS = ("altgr",)
 KEY_ALIASES = {
     "control": "ctrl", "return": "enter", "escape": "esc", "super": "cmd", "win": "cmd", "meta": "cmd",
-    "windows": "cmd", "command": "cmd", "option": "alt", "alt_gr": "alt", "altgr": "alt", "del": "delete",
+    "windows": "cmd", "command": "cmd", "option": "alt", "alt_gr": "altgr", "iso_level3_shift": "altgr",
+    "mode_switch": "altgr", "del": "delete",
     "pgup": "pageup", "page_up": "pageup", "pgdn": "pagedown", "page_down": "pagedown", "ins": "insert",
     "arrowup": "up", "arrowdown": "down", "arrowleft": "left", "arrowright": "right", "spacebar": "space",
 }  # fmt: skip
@@ -195,6 +199,9 @@ class _Reducer:
     def key_down(self, e: dict[str, Any]) -> None:
         name = key_name(e["key"])
         t = e["t"]
+        if name in LEVEL_SHIFTS:
+            self.lone = None
+            return
         if name in MODIFIERS:
             if name not in self.held:
                 self.held.append(name)

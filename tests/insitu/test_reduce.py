@@ -88,6 +88,18 @@ def test_shifted_characters_type_but_shift_with_a_named_key_is_a_hotkey():
     assert log.actions() == ["type(content='A')", "hotkey(key='shift tab')"]
 
 
+@pytest.mark.parametrize("altgr", ["altgr", "alt_gr", "ISO_Level3_Shift", "Mode_switch"])
+def test_characters_typed_through_altgr_are_text_not_alt_hotkeys(altgr):
+    log = Log().type("a").add("key_down", key=altgr).keys("@").add("key_up", key=altgr).type("b")
+    assert log.actions() == ["type(content='a@b')"]
+    # AltGr selects a level: with a named key it adds nothing, and a lone tap is no action; real Alt still chords
+    log = Log().add("key_down", key=altgr).keys("left").add("key_up", key=altgr).keys(altgr)
+    assert log.add("key_down", key="alt_l").keys("f").add("key_up", key="alt_l").actions() == [
+        "hotkey(key='left')",
+        "hotkey(key='alt f')",
+    ]
+
+
 def test_lone_super_tap_is_an_action_but_lone_shift_or_ctrl_is_not():
     log = Log().keys("shift", "ctrl", "cmd")
     assert log.actions() == ["hotkey(key='cmd')"]
