@@ -13,6 +13,8 @@ import math
 
 import torch
 
+LOG_RATIO_CLAMP = 20.0  # |log π/π_old| and |log π_ref/π| before exp, as in verl's core_algos: exp(20) ≈ 4.9e8 is finite
+
 
 def gae(
     rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float | torch.Tensor
@@ -123,8 +125,12 @@ def policy_loss(
     global_tokens: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO clipped surrogate with clip-higher (ratio clipped to [1−ε_low, 1+ε_high]) and dual clip for negative
-    advantages (loss capped at −A·c); token-mean. Returns (loss, {clip_fraction, dual_clip_fraction, approx_kl})."""
-    ratio = torch.exp(log_probs - old_log_probs)
+    advantages (loss capped at −A·c); token-mean. Returns (loss, {clip_fraction, dual_clip_fraction, approx_kl}).
+
+    The log-ratio is clamped to ±LOG_RATIO_CLAMP before exp (as verl does): exp overflows float32 above ≈ 88, and an
+    infinite ratio times a zero advantage or mask makes the loss and every gradient NaN, masked tokens included."""
+    log_ratio = (log_probs - old_log_probs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
     loss = torch.maximum(unclipped, clipped)
@@ -139,7 +145,7 @@ def policy_loss(
         stats = {
             "clip_fraction": float(((clipped > unclipped).to(m.dtype) * m).sum() / count),
             "dual_clip_fraction": float((dual.to(m.dtype) * m).sum() / count),
-            "approx_kl": float((0.5 * (log_probs - old_log_probs) ** 2 * m).sum() / count),
+            "approx_kl": float((0.5 * log_ratio**2 * m).sum() / count),
         }
     return token_mean(loss, m, global_tokens), stats
 
@@ -162,21 +168,17 @@ def value_loss(
 
 
 def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kind: str = "low_var_kl") -> torch.Tensor:
-    """Per-token KL estimate to the reference policy: "kl" (k1), "mse" (k2) or "low_var_kl" (k3, clamped)."""
+    """Per-token KL estimate to the reference policy: "kl" (k1), "mse" (k2) or "low_var_kl" (k3, clamped as verl's
+    `kl_penalty`: ref − logp to ±LOG_RATIO_CLAMP before exp, the estimate to ±10; value and gradient stay finite)."""
     diff = log_probs - ref_log_probs
     if kind == "kl":
         return diff
     if kind == "mse":
         return 0.5 * diff**2
     if kind == "low_var_kl":
-        return (torch.exp(-diff) + diff - 1.0).clamp(-10.0, 10.0)
+        kl = (-diff).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        return (torch.exp(kl) - kl - 1.0).clamp(-10.0, 10.0)
     raise ValueError(f"unknown KL estimator {kind!r} (kl, mse, low_var_kl)")
-
-
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Token entropy of the softmax over the last dimension."""
-    log_p = torch.log_softmax(logits.float(), dim=-1)
-    return -(log_p.exp() * log_p).sum(dim=-1)
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import math
+import random
 
 import pytest
 import torch
@@ -126,6 +128,47 @@ def test_pass_at_k_sums_to_zero_per_group(outcomes, k):
     assert abs(float(advantages.sum())) < 1e-5
 
 
+def brute_force_pass_at_k(outcomes: list[int], k: int) -> list[float]:
+    """Pass@k training's definition by enumeration (2508.10751): every k-subset of the group is a "group" whose
+    reward is the max over its members; its advantage is (max − R̄)/σ with R̄ and σ the mean and population std of
+    that max over all C(N, k) subsets; a response's advantage is the mean over the C(N−1, k−1) subsets holding it."""
+    subsets = list(itertools.combinations(range(len(outcomes)), k))
+    best = [max(outcomes[i] for i in s) for s in subsets]
+    mean = sum(best) / len(best)
+    sigma = math.sqrt(sum((b - mean) ** 2 for b in best) / len(best))
+    if sigma == 0:
+        return [0.0] * len(outcomes)
+    out = []
+    for i in range(len(outcomes)):
+        holding = [(b - mean) / sigma for s, b in zip(subsets, best, strict=True) if i in s]
+        out.append(sum(holding) / len(holding))
+    return out
+
+
+def test_pass_at_k_equals_the_brute_force_over_all_k_subsets():
+    rng = random.Random(0)
+    cases = [(g, k) for g in GROUPS for k in range(1, len(g) + 1)]
+    for n in range(1, 8):  # every group size up to 7, every number of successes, every k
+        for n_pos in range(n + 1):
+            outcomes = [1] * n_pos + [0] * (n - n_pos)
+            rng.shuffle(outcomes)
+            cases += [(outcomes, k) for k in range(1, n + 1)]
+    for outcomes, k in cases:
+        r = torch.tensor(outcomes, dtype=torch.float32)
+        got = algos.pass_at_k_advantages(r, torch.zeros(len(r), dtype=torch.long), k)
+        assert torch.allclose(got, torch.tensor(brute_force_pass_at_k(outcomes, k)), atol=1e-5), (outcomes, k)
+
+
+def test_pass_at_k_keeps_interleaved_groups_apart():
+    first, second = [1, 0, 0, 1, 0], [0, 1, 1, 0, 0, 0]
+    r = torch.tensor([*first, *second], dtype=torch.float32)
+    groups = torch.tensor([0] * len(first) + [1] * len(second))
+    order = torch.randperm(len(r), generator=torch.Generator().manual_seed(0))
+    got = algos.pass_at_k_advantages(r[order], groups[order], 3)
+    expected = torch.tensor(brute_force_pass_at_k(first, 3) + brute_force_pass_at_k(second, 3))[order]
+    assert torch.allclose(got, expected, atol=1e-5)
+
+
 def test_pass_at_k_needs_k_within_the_group():
     with pytest.raises(ValueError, match="between 1 and the group size 2"):
         algos.pass_at_k_advantages(torch.tensor([1.0, 0.0]), torch.zeros(2, dtype=torch.long), 3)
@@ -154,3 +197,45 @@ def test_kl_estimators_are_zero_at_equal_policies_and_positive_otherwise():
     assert torch.all(algos.kl_penalty(a, b, "low_var_kl") > 0)
     with pytest.raises(ValueError, match="unknown KL"):
         algos.kl_penalty(a, b, "nope")
+
+
+def test_huge_log_ratios_give_finite_losses_and_gradients_even_on_masked_tokens():
+    """exp overflows float32 above ≈ 88: an unclamped ratio is inf, and inf × (zero advantage or mask) is NaN."""
+    log_probs = torch.tensor([[100.0, -0.1, 300.0, 0.05], [-0.2, 95.0, -500.0, 0.0]], requires_grad=True)
+    mask = torch.tensor([[0.0, 1, 0, 1], [1, 0, 1, 1]])
+    advantages = algos.broadcast_to_tokens(torch.tensor([1.0, -1.0]), mask)  # 0 on the masked tokens
+    loss, stats = algos.policy_loss(log_probs, torch.zeros_like(log_probs), advantages, mask)
+    loss.backward()
+    assert math.isfinite(float(loss.detach())) and torch.isfinite(log_probs.grad).all()
+    assert all(math.isfinite(v) for v in stats.values())
+    assert torch.all(log_probs.grad[mask == 0] == 0)
+    # The masked tokens change nothing: the same loss as with ordinary values there.
+    calm = torch.where(mask.bool(), log_probs.detach(), torch.zeros_like(log_probs))
+    again, _ = algos.policy_loss(calm, torch.zeros_like(calm), advantages, mask)
+    assert torch.allclose(loss.detach(), again)
+    # Unmasked, a huge ratio is clipped (positive advantage) or dual-clipped (negative): finite, zero gradient.
+    for sign in (1.0, -1.0):
+        huge = torch.tensor([120.0, 0.1], requires_grad=True)
+        loss, _ = algos.policy_loss(huge, torch.zeros(2), torch.full((2,), sign), torch.ones(2))
+        loss.backward()
+        assert math.isfinite(float(loss.detach())) and huge.grad[0] == 0 and huge.grad[1] != 0
+
+
+def verl_low_var_kl(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
+    """verl's `kl_penalty(..., "low_var_kl")` (verl/trainer/ppo/core_algos.py), transcribed as the reference."""
+    kl = torch.clamp(ref_log_probs - log_probs, min=-20, max=20)
+    return torch.clamp(torch.exp(kl) - kl - 1, min=-10, max=10)
+
+
+def test_low_var_kl_and_its_gradient_match_verl_at_extreme_log_ratios():
+    gaps = torch.tensor(
+        [-1000.0, -100.0, -30.0, -20.0, -5.0, -0.3, 0.0, 0.3, 2.0, 5.0, 20.0, 30.0, 88.0, 100.0, 1000.0]
+    )
+    ref = torch.full_like(gaps, -1.0)
+    ours_in, verl_in = (ref - gaps).requires_grad_(True), (ref - gaps).requires_grad_(True)  # ref − logp = gap
+    ours, theirs = algos.kl_penalty(ours_in, ref, "low_var_kl"), verl_low_var_kl(verl_in, ref)
+    assert torch.allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+    ours.sum().backward()
+    theirs.sum().backward()
+    assert torch.isfinite(ours_in.grad).all() and torch.allclose(ours_in.grad, verl_in.grad, rtol=1e-5, atol=1e-6)
+    assert float(ours.detach()[gaps == 100.0]) == 10.0 and float(ours_in.grad[gaps == 100.0]) == 0.0
