@@ -1,6 +1,9 @@
 """The trainer's on-disk trajectory format (episodes as JSON Lines) and its rendering into tokens with a loss mask.
 
-One episode a line, in OpenAI chat form so that the flywheel's exports, the rollouts and the policy server share it:
+One episode a line, in chat-message form: the SFT/CT trainers read it, and the rollouts (`training.rollout`, built-in
+and sandbox environments) and the `demos` stage write it. Images are file paths relative to the file; a rollout sends
+them to the policy server as OpenAI `image_url` data URLs. (The flywheel's exports of this format are planned, not
+written yet.)
 
     {"id": "t-17", "source": "interactive", "instruction": "Open the settings", "reward": 1.0,
      "messages": [{"role": "system", "content": "..."},
