@@ -15,6 +15,7 @@ from rest_framework.test import APIClient
 from annotation_app.models import Role
 
 from .factories import UserFactory
+from .processes import Proc, ProcessWatch, mark_this_run
 
 ROLES = ["anonymous", Role.ANNOTATOR, Role.DATA_LEAD, Role.ML_ENGINEER, "superuser"]
 
@@ -62,32 +63,26 @@ def lead_api(lead):
     return api_client_for(lead)
 
 
-OUR_PROGRAMS = {"Xvfb", "x11vnc", "openbox", "xterm", "gunicorn", "daphne", "celery", "chromium"}
+RUN_MARK_VALUE = mark_this_run()  # before any test starts a process: every child inherits it
 
 
-def _our_processes() -> set[tuple[int, str]]:
-    """Live processes running one of the programs the tests start (matched on the command line's first words)."""
-    found = set()
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            words = cmdline.read_bytes().split(b"\0")[:3]
-        except OSError:
-            continue
-        names = {Path(w.decode(errors="replace")).name for w in words if w}
-        if names & OUR_PROGRAMS:
-            found.add((int(cmdline.parent.name), " ".join(sorted(names & OUR_PROGRAMS))))
-    return found
+def left_behind(watch: ProcessWatch, grace: float = 10.0) -> list[Proc]:
+    """The processes of this run still running after `grace` seconds (servers get a moment to exit)."""
+    deadline = time.monotonic() + grace
+    while (left := watch.leftovers()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
 
 
 @pytest.fixture(scope="session", autouse=True)
 def no_process_left_behind():
-    """After the whole suite, no desktop, server or browser a test started may still run."""
-    before = _our_processes()
+    """After the whole suite, no process this run started (desktop, server, browser, shell) may still run. Only this
+    run's processes count (tests/processes.py): a `scripts/run` or another test run beside it is not a leak."""
+    watch = ProcessWatch(RUN_MARK_VALUE, os.getpid()).start()
     yield
-    deadline = time.monotonic() + 10
-    while (left := _our_processes() - before) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not left, f"processes left running after the tests: {sorted(left)}"
+    watch.stop()
+    left = left_behind(watch)
+    assert not left, "processes left running after the tests:\n" + "\n".join(f"{p.pid} {p.command}" for p in left)
 
 
 @contextmanager
