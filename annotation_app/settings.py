@@ -186,10 +186,22 @@ CACHES = {
 # Sessions are read from Redis on every page and written through to PostgreSQL, so a Redis flush logs no one out.
 SESSION_ENGINE = "django.contrib.sessions.backends.cached_db"
 
+# Each consumer waits for its messages in a blocking BZPOPMIN of 5 s (channels_redis' brpop_timeout), and redis-py's
+# default socket timeout is also 5 s: idle websockets died with "Timeout reading from" Redis and daphne closed them.
+# A read must outlive the blocking pop; a dead Redis is still noticed, after this timeout.
+CHANNELS_REDIS_SOCKET_TIMEOUT_S = 30
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [f"{REDIS_URL}/{REDIS_DB_CHANNELS}"]},
+        "CONFIG": {
+            "hosts": [
+                {
+                    "address": f"{REDIS_URL}/{REDIS_DB_CHANNELS}",
+                    "socket_timeout": CHANNELS_REDIS_SOCKET_TIMEOUT_S,
+                    "socket_connect_timeout": 5,
+                }
+            ]
+        },
     }
 }
 
