@@ -1,10 +1,12 @@
 """Resumable training state: `checkpoint-<step>/` holds the trainable weights, the optimizer states, the RNG states and
 a `state.json` (step, episodes consumed, ...). Written to a temporary name and renamed, so a crash never leaves a
-half checkpoint that `latest` would pick; older ones beyond `keep` are deleted."""
+half checkpoint that `latest` would pick; older ones beyond `keep` are deleted. Everything is loaded with
+`weights_only=True` (tensors and plain Python values only), so a tampered checkpoint cannot run code on resume."""
 
 from __future__ import annotations
 
 import json
+import pickle
 import random
 import shutil
 from pathlib import Path
@@ -41,17 +43,28 @@ def latest(out_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def _load_plain(file: Path) -> Any:
+    """torch.load restricted to tensors and plain containers/numbers: unpickling never calls arbitrary code."""
+    try:
+        return torch.load(file, weights_only=True)
+    except pickle.UnpicklingError as error:
+        lines = [line for line in str(error).splitlines() if "WeightsUnpickler error:" in line] or [str(error)]
+        reason = lines[0].split("WeightsUnpickler error:")[-1].split(". Please use")[0].strip()
+        raise ValueError(f"{file}: holds more than tensors and plain values; refusing to load it ({reason})") from None
+
+
 def load(path: Path, *, models: dict[str, torch.nn.Module], optimizers: dict[str, Any]) -> dict[str, Any]:
     """Restores weights, optimizer and RNG states in place; returns the saved `state.json`."""
-    weights = torch.load(path / "models.pt", weights_only=True)
+    path = Path(path)
+    weights = _load_plain(path / "models.pt")
     for name, model in models.items():
         _, unexpected = model.load_state_dict(weights[name], strict=False)
         if unexpected:
             raise ValueError(f"{path}: checkpoint of another model ({name}: unexpected {unexpected[:3]})")
-    states = torch.load(path / "optimizers.pt", weights_only=False)
+    states = _load_plain(path / "optimizers.pt")
     for name, optimizer in optimizers.items():
         optimizer.load_state_dict(states[name])
-    rng = torch.load(path / "rng.pt", weights_only=False)
+    rng = _load_plain(path / "rng.pt")
     torch.set_rng_state(rng["torch"])
     random.setstate(rng["python"])
     return json.loads((path / "state.json").read_text())
