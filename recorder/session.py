@@ -184,12 +184,6 @@ class Session:
                 if line.strip():
                     yield json.loads(line)
 
-    def audio_path(self) -> Path | None:
-        audio = self.meta().get("audio")
-        if isinstance(audio, dict) and audio.get("file"):
-            return self.path / str(audio["file"])
-        return None
-
     def read_local(self, name: str) -> dict[str, Any] | None:
         """The recorder's own bookkeeping file `.<name>.json`, if present."""
         path = self.path / f".{name}.json"

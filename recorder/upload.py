@@ -35,10 +35,6 @@ class UploadResult:
     resumed_from: int  # the server's offset when this run started sending (0 for a fresh upload)
 
 
-class _Retry(Exception):
-    """A failure worth retrying (network, 5xx): carries what happened for the final message."""
-
-
 class Uploader:
     """Uploads sessions to one server. `retries` consecutive failures (with exponential backoff from `backoff` up to
     `max_backoff` seconds) end the run with an UploadError; running it again resumes."""

@@ -59,10 +59,6 @@ def wrap(model: torch.nn.Module) -> Any:
     return DistributedDataParallel(model, find_unused_parameters=False)
 
 
-def unwrap(model: Any) -> Any:
-    return getattr(model, "module", model)
-
-
 def barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
