@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import wave
 from pathlib import Path
 from typing import BinaryIO
 
@@ -20,6 +21,7 @@ log = logging.getLogger(__name__)
 
 SAMPLE_RATE = 16_000
 DEFAULT_MAX_SECONDS = 4 * 3600.0
+TRUNCATION_TOLERANCE_S = 0.5  # decoded audio this much shorter than the container declares is a truncated file
 
 AudioSource = str | os.PathLike[str] | bytes | bytearray | memoryview
 
@@ -28,11 +30,14 @@ class AudioError(ValueError):
     """The audio cannot be used: empty, corrupt, without an audio stream, silent of samples, or too long."""
 
 
-def load_audio(source: AudioSource, *, max_seconds: float = DEFAULT_MAX_SECONDS) -> np.ndarray:
+def load_audio(
+    source: AudioSource, *, max_seconds: float = DEFAULT_MAX_SECONDS, warnings: list[str] | None = None
+) -> np.ndarray:
     """Decode `source` (a path or the file's bytes) to float32 mono samples at 16 kHz, resampling as needed.
 
-    A file that breaks off part way (a browser tab closed mid-recording) keeps the audio decoded before the break;
-    one that yields no audio at all raises `AudioError`, as do files longer than `max_seconds`.
+    A file that breaks off part way (a browser tab closed mid-recording, an upload cut short) keeps the audio decoded
+    before the break, and says so in `warnings` (shown on the capture); one that yields no audio at all raises
+    `AudioError`, as do files longer than `max_seconds`.
     """
     label = _label(source)
     limit = int(max_seconds * SAMPLE_RATE)
@@ -60,12 +65,27 @@ def load_audio(source: AudioSource, *, max_seconds: float = DEFAULT_MAX_SECONDS)
                 raise AudioError(f"Could not decode {label}: {exc}. Is it a supported audio file?") from exc
             seconds = total / SAMPLE_RATE
             log.warning("%s breaks off after %.1f s (%s); keeping the audio before the break", label, seconds, exc)
+            _warn(warnings, f"{_capital(label)} breaks off after {_hms(seconds)} ({exc}); the rest is lost")
     if total == 0:
         raise AudioError(f"{_capital(label)} contains no audio samples (zero length).")
     if total > limit:
         raise AudioError(_too_long(label, total / SAMPLE_RATE, max_seconds))
+    decoded = total / SAMPLE_RATE
+    declared = max(filter(None, (declared, _wav_header_duration(source))), default=None)
+    if declared is not None and declared - decoded > max(TRUNCATION_TOLERANCE_S, 0.02 * declared):
+        message = (
+            f"{_capital(label)} is cut short: its header says {_hms(declared)}, but only {_hms(decoded)} could be "
+            "decoded (a truncated upload or recording?); thoughts after that point are missing"
+        )
+        log.warning(message)
+        _warn(warnings, message)
     audio = np.concatenate(chunks).astype(np.float32, copy=False)
     return np.nan_to_num(audio, copy=False, nan=0.0, posinf=1.0, neginf=-1.0)
+
+
+def _warn(warnings: list[str] | None, message: str) -> None:
+    if warnings is not None and message not in warnings:
+        warnings.append(message)
 
 
 def duration_seconds(audio: np.ndarray, sample_rate: int = SAMPLE_RATE) -> float:
@@ -121,6 +141,19 @@ def _declared_duration(container: av.container.InputContainer, stream: av.audio.
     if container.duration is not None:
         return container.duration / av.time_base
     return None
+
+
+def _wav_header_duration(source: AudioSource) -> float | None:
+    """The length a WAV file's header declares (FFmpeg clamps its duration to the bytes present, so a truncated
+    file would look whole); None for anything else or a header the `wave` module cannot read."""
+    try:
+        file: BinaryIO = (
+            io.BytesIO(bytes(source)) if isinstance(source, bytes | bytearray | memoryview) else open(source, "rb")
+        )
+        with file, wave.open(file, "rb") as wav:
+            return wav.getnframes() / wav.getframerate()
+    except (wave.Error, EOFError, OSError, ZeroDivisionError):
+        return None
 
 
 def _too_long(label: str, seconds: float, max_seconds: float, *, at_least: bool = False) -> str:

@@ -168,7 +168,7 @@ def _transcribe(files: CaptureFiles, progress: Progress, warnings: list[str]) ->
 
     progress("decoding audio", 0.08)
     try:
-        audio = load_audio(files.audio, max_seconds=settings.MAX_CAPTURE_AUDIO_S)
+        audio = load_audio(files.audio, max_seconds=settings.MAX_CAPTURE_AUDIO_S, warnings=warnings)
     except AudioError as exc:
         warnings.append(f"the audio could not be used ({exc}); type the thoughts on the timeline")
         return {}
