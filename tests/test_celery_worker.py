@@ -25,15 +25,40 @@ def test_beat_task_runs_in_a_real_worker_on_every_queue(worker):
         assert Task.objects.get(pk=stale.task_id).status == Task.Status.PENDING
 
 
-def test_workloads_are_routed_to_their_own_queues():
+# Every Celery task of the project and the queue of its workload: a new task must say here where it runs.
+QUEUE_OF = {
+    "annotation_app.asr.process_capture": "asr",
+    "annotation_app.live.start": "live",
+    "annotation_app.live.propose": "live",
+    "annotation_app.live.start_capture": "live",
+    "annotation_app.tasks.release_stale_assignments": "default",
+}
+
+
+def registered_tasks() -> set[str]:
+    """The project's task names as the worker registers them (Celery's own `celery.*` tasks left out)."""
+    app.loader.import_default_modules()  # what a worker does at start: autodiscovery
+    return {name for name in app.tasks if not name.startswith("celery.")}
+
+
+def test_every_registered_task_is_routed_to_its_workloads_queue():
+    assert registered_tasks() == set(QUEUE_OF)
     router = app.amqp.router
-    assert router.route({}, "flywheel.tasks.score_trajectories")["queue"].name == "flywheel"
-    assert router.route({}, "training.launch")["queue"].name == "train"
-    assert router.route({}, "sandbox.reclaim_leases")["queue"].name == "sandbox"
-    assert router.route({}, "annotation_app.asr.transcribe")["queue"].name == "asr"
-    assert router.route({}, "annotation_app.tasks.release_stale_assignments")["queue"].name == "default"
+    assert {name: router.route({}, name)["queue"].name for name in QUEUE_OF} == QUEUE_OF
     assert app.conf.task_acks_late and app.conf.task_reject_on_worker_lost and app.conf.worker_prefetch_multiplier == 1
-    assert "release-stale-assignments" in app.conf.beat_schedule
+    assert {entry["task"] for entry in app.conf.beat_schedule.values()} <= registered_tasks()
+
+
+def test_each_task_sent_without_a_queue_lands_in_its_workloads_queue():
+    """As the code enqueues them (no queue given): the message is in the task's queue and no other."""
+    app.control.purge()
+    with app.connection_for_write() as conn:
+        redis = conn.default_channel.client
+        for name, queue in QUEUE_OF.items():
+            app.send_task(name, args=[0])
+            lengths = {q: redis.llen(q) for q in settings.CELERY_QUEUES}
+            assert lengths == {q: int(q == queue) for q in settings.CELERY_QUEUES}, name
+            redis.delete(queue)
 
 
 def test_a_message_lands_in_its_own_queue_only():
