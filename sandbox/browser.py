@@ -26,8 +26,10 @@ from .actions import (
     CallUser,
     Click,
     Drag,
+    Fail,
     Finished,
     Hotkey,
+    Hover,
     LeftDouble,
     Navigate,
     NavigateBack,
@@ -235,7 +237,9 @@ class BrowserSession:
                 page.go_back()
             case Wait():
                 time.sleep(1.0)
-            case Finished() | CallUser():
+            case Hover(point):
+                mouse.move(*at(point))
+            case Finished() | CallUser() | Fail():
                 return action.name
             case _:
                 raise UnsupportedAction(f"{action.name} is not a browser action")

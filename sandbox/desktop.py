@@ -28,8 +28,10 @@ from .actions import (
     CallUser,
     Click,
     Drag,
+    Fail,
     Finished,
     Hotkey,
+    Hover,
     LeftDouble,
     Press,
     Release,
@@ -257,7 +259,9 @@ class Desktop:
                 self._click(None, None, button=SCROLL_BUTTONS[direction], times=SCROLL_CLICKS)
             case Wait():
                 time.sleep(self.wait_s)
-            case Finished() | CallUser():
+            case Hover(point):
+                self._move(*at(point))
+            case Finished() | CallUser() | Fail():
                 return action.name
             case _:
                 raise UnsupportedAction(f"{action.name} is not a desktop action")

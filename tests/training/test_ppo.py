@@ -7,10 +7,13 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
+from training import checkpoints
 from training.metrics import read_metrics
 from training.ppo import PPOConfig, PPOTrainer, pretrain_value
 from training.rollout import collect_sync
@@ -86,6 +89,25 @@ def test_streaming_ppo_tags_versions_and_value_pretraining_stops_once_settled(ti
                       progress=False)  # fmt: skip
     # any change counts as settled here: steps 2 and 3 are the two settled comparisons with the step before
     assert pretrain_value(value)["step"] == 3
+
+
+def test_ppo_resumes_actor_critic_optimizers_and_version_from_its_checkpoint(tiny_text, tmp_path):
+    cfg = PPOConfig(model=str(tiny_text), out=str(tmp_path), episodes_per_step=4, iterations=2, max_new_tokens=3,
+                    streaming=False, save_every=1, actor_lr=1e-3, critic_lr=1e-3, progress=False)  # fmt: skip
+    first = PPOTrainer(cfg)
+    first.run()
+    assert checkpoints.latest(tmp_path).name == "checkpoint-2"
+    again = PPOTrainer(replace(cfg, iterations=3, resume=True))
+    assert again.resume() == 2 and again.version == first.version == 2
+    for name in ("actor", "critic"):
+        ours, theirs = getattr(first, name), getattr(again, name)
+        for (key, a), b in zip(ours.named_parameters(), theirs.parameters(), strict=True):
+            assert torch.equal(a.detach().cpu(), b.detach().cpu()), (name, key)
+        kept, restored = first.optimizers[name].state_dict(), again.optimizers[name].state_dict()
+        assert [float(s["step"]) for s in kept["state"].values()] == [
+            float(s["step"]) for s in restored["state"].values()
+        ]
+    assert again.run()["step"] == 3 and [m["step"] for m in read_metrics(tmp_path)] == [1, 2, 3]
 
 
 @pytest.mark.parametrize(
