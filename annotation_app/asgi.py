@@ -1,4 +1,4 @@
-"""ASGI entry point for daphne: Django for HTTP, Channels' router for websockets (live sessions come later)."""
+"""ASGI entry point for daphne: Django for HTTP, Channels' router for websockets (/ws/events/, /ws/live/<id>/)."""
 
 import os
 
