@@ -9,25 +9,15 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from sandbox.action_regex import HOTKEY_KEYS
+from sandbox.actions import COMPUTER_ACTIONS, action_templates
 
 from . import live, task_queue
 from .context_processors import ws_url
 from .permissions import Capability, own_live_session, requires
 from .trajectories import Conflict
 
-# Snippets the override editor offers as the annotator types (the grammar of sandbox.actions).
-ACTION_TEMPLATES = [
-    "click(start_box='<|box_start|>(x,y)<|box_end|>')",
-    "left_double(start_box='<|box_start|>(x,y)<|box_end|>')",
-    "right_single(start_box='<|box_start|>(x,y)<|box_end|>')",
-    "drag(start_box='<|box_start|>(x,y)<|box_end|>', end_box='<|box_start|>(x,y)<|box_end|>')",
-    "hotkey(key='ctrl c')",
-    "type(content='')",
-    "scroll(start_box='<|box_start|>(x,y)<|box_end|>', direction='down')",
-    "wait()",
-    "finished(content='')",
-    "call_user()",
-]
+# Snippets the override editor offers as the annotator types: the desktop actions of the grammar's own table.
+ACTION_TEMPLATES = action_templates(COMPUTER_ACTIONS)
 
 
 @require_POST

@@ -1,15 +1,27 @@
 """The UI-TARS output grammar as one regular expression, for decoding constrained to well-formed, in-bounds proposals.
 
 vLLM takes it as `structured_outputs={"regex": …}`; the embedded policy server applies it with a logits processor.
-Everything it accepts parses with `sandbox.actions.parse_step` and has its points inside the model image.
+The regex is derived from the grammar's own table (`sandbox.actions.SPECS`): each action is written as
+`format_action` writes it, so everything it accepts parses with `sandbox.actions.parse_step` and has its points
+inside the model image.
 """
 
 from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from .actions import DIRECTIONS, MAX_HOTKEY_KEYS, SPECS, Arg, written_args
 
 # Keys a constrained proposal may press: enough for real desktop work, nothing that ends the session (no alt+f4).
 HOTKEY_KEYS = (
     "ctrl", "shift", "alt", "enter", "tab", "escape", "backspace", "delete", "space", "home", "end",
     "up", "down", "left", "right", "pageup", "pagedown", "a", "c", "v", "x", "z", "s", "f", "l", "t",
+)  # fmt: skip
+# The actions a desktop proposal may take (the ones that end an episode on a whim, call_user and fail, are left to
+# the annotator; `names=` chooses others).
+PROPOSAL_ACTIONS = (
+    "click", "left_double", "right_single", "drag", "hotkey", "type", "scroll", "wait", "finished",
 )  # fmt: skip
 _TEXT = r"[A-Za-z0-9 ,.:;!?()_/-]"
 
@@ -40,21 +52,43 @@ def int_range(lo: int, hi: int) -> str:
     return "(?:" + "|".join(parts) + ")"
 
 
-def proposal_regex(width: int, height: int, *, thought_chars: int = 80, text_chars: int = 30) -> str:
-    """`Thought: …\\nAction: <one action>` with every point inside a `width`x`height` model image."""
+def _value(arg: Arg, box: str, text_chars: int) -> str:
+    """The pattern of one parameter's quoted value, as `format_action` writes it (box notation)."""
+    key = "(?:" + "|".join(HOTKEY_KEYS) + ")"
+    match arg.kind:
+        case "point":
+            return box
+        case "text":
+            return f"'{_TEXT}{{{1 if arg.required else 0},{text_chars}}}'"
+        case "keys":
+            return f"'{key}(?: {key}){{0,{MAX_HOTKEY_KEYS - 1}}}'"
+        case "key":
+            return f"'{key}'"
+        case "direction":
+            return "'(?:" + "|".join(DIRECTIONS) + ")'"
+        case "seconds":
+            return r"'[1-9]'"
+    raise ValueError(f"no pattern for parameter kind {arg.kind!r}")
+
+
+def action_regex(name: str, width: int, height: int, *, text_chars: int = 30) -> str:
+    """One action of the table, every point inside a `width`x`height` model image."""
+    if name not in SPECS:
+        raise ValueError(f"unknown action {name!r}")
     x, y = int_range(0, width - 1), int_range(0, height - 1)
     box = rf"'<\|box_start\|>\({x},{y}\)<\|box_end\|>'"
-    text = f"{_TEXT}{{1,{text_chars}}}"
-    key = "(?:" + "|".join(HOTKEY_KEYS) + ")"
-    actions = [
-        rf"click\(start_box={box}\)",
-        rf"left_double\(start_box={box}\)",
-        rf"right_single\(start_box={box}\)",
-        rf"drag\(start_box={box}, end_box={box}\)",
-        rf"hotkey\(key='{key}(?: {key}){{0,2}}'\)",
-        rf"type\(content='{text}'\)",
-        rf"scroll\(start_box={box}, direction='(?:up|down|left|right)'\)",
-        r"wait\(\)",
-        rf"finished\(content='{_TEXT}{{0,{text_chars}}}'\)",
-    ]
+    params = ", ".join(f"{arg.box_key}={_value(arg, box, text_chars)}" for arg in written_args(name))
+    return rf"{re.escape(name)}\({params}\)"
+
+
+def proposal_regex(
+    width: int,
+    height: int,
+    *,
+    thought_chars: int = 80,
+    text_chars: int = 30,
+    names: Iterable[str] = PROPOSAL_ACTIONS,
+) -> str:
+    """`Thought: …\\nAction: <one action>` with every point inside a `width`x`height` model image."""
+    actions = [action_regex(name, width, height, text_chars=text_chars) for name in names]
     return rf"Thought: {_TEXT}{{1,{thought_chars}}}\nAction: (?:" + "|".join(actions) + ")"

@@ -9,17 +9,29 @@ and the trainer's environments read them. Grammar (bytedance/UI-TARS prompts; se
 Several actions in one step are separated by a blank line. Points come as `<|box_start|>(x,y)<|box_end|>`, `(x,y)`,
 a box `(x1,y1,x2,y2)` (its centre), `<point>x y</point>` or `<bbox>x1 y1 x2 y2</bbox>`. Errors name what is wrong
 and where (line and column of the text given).
+
+What the official UI-TARS converter (`codes/ui_tars/action_parser.py`) accepts is read the same way: `left_single`
+is click, `select` is drag, `keydown`/`keyup` are press/release, `hotkey(hotkey=…)` is `hotkey(key=…)`, the mobile
+`long_press(…, time='')` and the v1 mobile swipe `scroll(start_box=…, end_box=…)`. `SPECS` is the one table of the
+grammar: parsing, formatting, the live page's templates and the constrained-decoding regex
+(`sandbox/action_regex.py`) all derive from it.
 """
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from enum import StrEnum
 from typing import Any, ClassVar
 
 DIRECTIONS = ("up", "down", "left", "right")
 MAX_HOTKEY_KEYS = 3
+# Larger than any screen or model image (relative coordinates stop at 1000): beyond it a number is a model's
+# runaway digits, and as a float it would overflow the pixel conversion.
+MAX_COORDINATE = 100_000
+MAX_LONG_PRESS_S = 60.0
 
 
 class ActionSyntaxError(ValueError):
@@ -71,6 +83,14 @@ class RightSingle(Action):
 
 
 @dataclass(frozen=True)
+class Hover(Action):
+    """Move the pointer without clicking (menus and tooltips that open on hover)."""
+
+    name: ClassVar[str] = "hover"
+    point: Point
+
+
+@dataclass(frozen=True)
 class Drag(Action):
     name: ClassVar[str] = "drag"
     start: Point
@@ -113,7 +133,16 @@ class Finished(Action):
 
 @dataclass(frozen=True)
 class CallUser(Action):
+    """Ask the user for help; ends the episode. Not a FAIL: an infeasible OSWorld task still scores 0 with it."""
+
     name: ClassVar[str] = "call_user"
+
+
+@dataclass(frozen=True)
+class Fail(Action):
+    """Declare the task infeasible (OSWorld's FAIL); ends the episode. Infeasible tasks score 1 only with it."""
+
+    name: ClassVar[str] = "fail"
 
 
 @dataclass(frozen=True)
@@ -141,8 +170,11 @@ class Release(Action):
 
 @dataclass(frozen=True)
 class LongPress(Action):
+    """A touch held at `point`, for `seconds` when given (the mobile prompt's `time=''` leaves it to the device)."""
+
     name: ClassVar[str] = "long_press"
     point: Point
+    seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -163,14 +195,18 @@ class PressBack(Action):
 
 @dataclass(frozen=True)
 class Arg:
-    """One parameter of an action: the dataclass attribute, its kind, and its keyword in each notation."""
+    """One parameter of an action: the dataclass attribute, its kind, and its keyword in each notation.
+
+    `written=False` marks a parameter read on input only (the v1 swipe's end_box of scroll): formatting, templates
+    and the constrained-decoding regex never write it."""
 
     attr: str
-    kind: str  # point | text | keys | key | direction
+    kind: str  # point | text | keys | key | direction | seconds
     box_key: str
     point_key: str
     required: bool = True
     aliases: tuple[str, ...] = ()
+    written: bool = True
 
     @property
     def keywords(self) -> tuple[str, ...]:
@@ -178,30 +214,75 @@ class Arg:
 
 
 START = Arg("point", "point", "start_box", "point", aliases=("start_point",))
+KEYS = Arg("keys", "keys", "key", "key", aliases=("hotkey",))
+KEY = Arg("key", "key", "key", "key")
 SPECS: dict[str, tuple[type[Action], tuple[Arg, ...]]] = {
     cls.name: (cls, args)
     for cls, args in [
         (Click, (START,)),
         (LeftDouble, (START,)),
         (RightSingle, (START,)),
-        (LongPress, (START,)),
+        (Hover, (START,)),
+        (LongPress, (START, Arg("seconds", "seconds", "time", "time", required=False))),
         (Drag, (Arg("start", "point", "start_box", "start_point"), Arg("end", "point", "end_box", "end_point"))),
-        (Hotkey, (Arg("keys", "keys", "key", "key"),)),
+        (Hotkey, (KEYS,)),
         (Type, (Arg("content", "text", "content", "content"),)),
         (Scroll, (Arg("point", "point", "start_box", "point", False, ("start_point",)),
-                  Arg("direction", "direction", "direction", "direction"))),
+                  Arg("direction", "direction", "direction", "direction", required=False),
+                  Arg("end", "point", "end_box", "end_point", required=False, written=False))),
         (Wait, ()),
         (Finished, (Arg("content", "text", "content", "content", required=False),)),
         (CallUser, ()),
+        (Fail, ()),
         (Navigate, (Arg("url", "text", "content", "content", aliases=("url",)),)),
         (NavigateBack, ()),
-        (Press, (Arg("key", "key", "key", "key"),)),
-        (Release, (Arg("key", "key", "key", "key"),)),
+        (Press, (KEY,)),
+        (Release, (KEY,)),
         (OpenApp, (Arg("app_name", "text", "app_name", "app_name"),)),
         (PressHome, ()),
         (PressBack, ()),
     ]
 }  # fmt: skip
+# Names the official UI-TARS converter treats as another action (codes/ui_tars/action_parser.py).
+ALIASES: dict[str, str] = {"left_single": "click", "select": "drag", "keydown": "press", "keyup": "release"}
+# The desktop's action space (what `sandbox.desktop` executes), in the order the live page offers them.
+COMPUTER_ACTIONS = (
+    "click", "left_double", "right_single", "hover", "drag", "hotkey", "press", "release", "type", "scroll", "wait",
+    "finished", "call_user", "fail",
+)  # fmt: skip
+# Actions that end an episode; which one matters to OSWorld's infeasible tasks (only `fail` is FAIL).
+TERMINAL_ACTIONS = ("finished", "call_user", "fail")
+
+
+def written_args(name: str) -> tuple[Arg, ...]:
+    """The parameters a canonical `name(...)` writes, in order (optional durations are left out, like an empty time)."""
+    return tuple(a for a in SPECS[name][1] if a.written and not (a.kind == "seconds" and not a.required))
+
+
+_PLACEHOLDERS = {"point": "<|box_start|>(x,y)<|box_end|>", "text": "", "keys": "ctrl c", "key": "ctrl",
+                 "direction": "down", "seconds": "1"}  # fmt: skip
+
+
+def action_template(name: str) -> str:
+    """A snippet to fill in, e.g. "click(start_box='<|box_start|>(x,y)<|box_end|>')" (the live page's editor)."""
+    return f"{name}(" + ", ".join(f"{a.box_key}='{_PLACEHOLDERS[a.kind]}'" for a in written_args(name)) + ")"
+
+
+def action_templates(names: Iterable[str] = COMPUTER_ACTIONS) -> list[str]:
+    return [action_template(name) for name in names]
+
+
+_EXAMPLES: dict[str, Any] = {"point": Point(10, 20), "text": "ok", "keys": ("ctrl", "c"), "key": "shift",
+                             "direction": "down", "seconds": None}  # fmt: skip
+
+
+def example_action(name: str) -> Action:
+    """A valid instance of every action type, for tests and docs: each written parameter set, points at (10,20)."""
+    cls, _ = SPECS[name]
+    values = {a.attr: _EXAMPLES[a.kind] for a in written_args(name)}
+    if cls is Drag:
+        values["end"] = Point(30, 40)
+    return cls(**values)
 
 
 @dataclass
@@ -218,6 +299,7 @@ class ParsedStep:
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SPACE = re.compile(r"\s*")
+_LEADING = re.compile(r"[\s\ufeff]*")  # whitespace or a byte-order mark before the text proper
 _NUMBER = r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"  # the exponent only so that any float round-trips
 _POINT_PATTERNS = [
     re.compile(rf"<\|box_start\|>\s*[(\[]\s*({_NUMBER})\s*,\s*({_NUMBER})\s*(?:,\s*({_NUMBER})\s*,\s*({_NUMBER})\s*)?[)\]]\s*<\|box_end\|>"),
@@ -226,12 +308,20 @@ _POINT_PATTERNS = [
     re.compile(rf"<bbox>\s*({_NUMBER})[\s,]+({_NUMBER})[\s,]+({_NUMBER})[\s,]+({_NUMBER})\s*</bbox>"),
 ]  # fmt: skip
 _UNESCAPE = {"\\": "\\", "'": "'", '"': '"', "n": "\n", "r": "\r", "t": "\t"}
-_SECTION = re.compile(r"^(Thought|Reflection|Action_Summary|Action)\s*:", re.MULTILINE)
+_SECTION = re.compile(r"^[ \t\ufeff]*(Thought|Reflection|Action_Summary|Action)\s*:", re.MULTILINE)
+# Hotkey keys are space-separated; "ctrl+c" (a "+" right after a key name) is read as "ctrl c", and a lone "+"
+# between two keys ("ctrl + c") is a separator too, while "+" as the last key ("ctrl +") is the plus key.
+_PLUS_AFTER_KEY = re.compile(r"(?<=[^\s+])\+")
 
 
 def _number(text: str) -> float | int:
     value = float(text)
     return int(value) if value.is_integer() and text.lstrip("-").isdigit() else value
+
+
+def _coordinate_ok(text: str) -> bool:
+    value = float(text)
+    return math.isfinite(value) and abs(value) <= MAX_COORDINATE
 
 
 def parse_point(value: str, text: str = "", position: int = 0) -> Point:
@@ -240,7 +330,17 @@ def parse_point(value: str, text: str = "", position: int = 0) -> Point:
     for pattern in _POINT_PATTERNS:
         match = pattern.fullmatch(stripped)
         if match:
-            numbers = [_number(g) for g in match.groups() if g is not None]
+            groups = [g for g in match.groups() if g is not None]
+            bad = next((g for g in groups if not _coordinate_ok(g)), None)
+            if bad is not None:
+                shown = bad if len(bad) <= 24 else f"{bad[:12]}…({len(bad)} characters)"
+                raise ActionSyntaxError(
+                    f"coordinate {shown} is out of range: coordinates are finite numbers within "
+                    f"±{MAX_COORDINATE} (pixels of the model image, or 0-1000)",
+                    text or value,
+                    position,
+                )
+            numbers = [_number(g) for g in groups]
             if len(numbers) == 4:
                 x1, y1, x2, y2 = numbers
                 return Point((x1 + x2) / 2, (y1 + y2) / 2)
@@ -280,7 +380,7 @@ def _read_call(text: str, i: int) -> tuple[Action, int]:
     name_match = _NAME.match(text, i)
     if not name_match:
         raise ActionSyntaxError(f"expected an action name, found {text[i : i + 12]!r}", text, i)
-    name = name_match.group()
+    name = ALIASES.get(name_match.group(), name_match.group())
     if name not in SPECS:
         known = ", ".join(sorted(SPECS))
         raise ActionSyntaxError(f"unknown action {name!r}; known actions: {known}", text, i)
@@ -331,18 +431,56 @@ def _build(cls: type[Action], args: tuple[Arg, ...], raw: dict[str, tuple[str, i
         values[arg.attr] = _convert(arg, value, text, position)
     unknown = sorted(set(raw) - used)
     if unknown:
-        expected = ", ".join(k for a in args for k in (a.box_key, a.point_key) if k) or "no parameters"
+        expected = ", ".join(dict.fromkeys(k for a in args for k in (a.box_key, a.point_key) if k)) or "no parameters"
         raise ActionSyntaxError(
             f"{cls.name}(…) has no parameter {unknown[0]!r} (expected {expected})", text, raw[unknown[0]][1]
         )
+    if cls in _DERIVED:
+        values = _DERIVED[cls](values, lambda message: ActionSyntaxError(message, text, at))
     return cls(**values)
+
+
+def _scroll_values(values: dict[str, Any], error: Callable[[str], ActionSyntaxError]) -> dict[str, Any]:
+    """Scroll by direction, or by the v1 mobile swipe: a finger moving from start_box to end_box.
+
+    As on a touch screen, the content follows the finger, so the view scrolls the other way: a swipe up (the end
+    above the start) scrolls down. The longer axis of the swipe decides; the anchor is the start point."""
+    end = values.pop("end", None)
+    if end is None:
+        if "direction" not in values:
+            raise error("scroll(…) needs direction= (or start_box= and end_box= of a swipe)")
+        return values
+    if "direction" in values:
+        raise error("scroll(…) takes direction= or end_box=, not both")
+    start = values.get("point")
+    if start is None:
+        raise error("a swipe scroll(…) needs start_box= as well as end_box=")
+    dx, dy = end.x - start.x, end.y - start.y
+    if dx == 0 and dy == 0:
+        raise error("scroll(…) from start_box to the same end_box has no direction")
+    if abs(dy) >= abs(dx):
+        values["direction"] = "down" if dy < 0 else "up"
+    else:
+        values["direction"] = "right" if dx < 0 else "left"
+    return values
+
+
+_DERIVED: dict[type[Action], Callable[[dict[str, Any], Callable[[str], ActionSyntaxError]], dict[str, Any]]] = {
+    Scroll: _scroll_values,
+}
+
+
+def split_keys(value: str) -> tuple[str, ...]:
+    """Hotkey text as lowercase key names: "ctrl c", "Ctrl+C" and "ctrl + c" give ("ctrl", "c"); "ctrl +" keeps +."""
+    words = _PLUS_AFTER_KEY.sub(" ", value.lower()).split()
+    return tuple(w for n, w in enumerate(words) if not (w == "+" and 0 < n < len(words) - 1))
 
 
 def _convert(arg: Arg, value: str, text: str, position: int) -> Any:
     if arg.kind == "point":
         return parse_point(value, text, position)
     if arg.kind == "keys":
-        keys = tuple(value.lower().split())
+        keys = split_keys(value)
         if not 1 <= len(keys) <= MAX_HOTKEY_KEYS:
             raise ActionSyntaxError(
                 f"a hotkey is 1 to {MAX_HOTKEY_KEYS} space-separated keys, got {value!r}", text, position
@@ -356,6 +494,20 @@ def _convert(arg: Arg, value: str, text: str, position: int) -> Any:
         if value.strip().lower() not in DIRECTIONS:
             raise ActionSyntaxError(f"direction must be one of {', '.join(DIRECTIONS)}, got {value!r}", text, position)
         return value.strip().lower()
+    if arg.kind == "seconds":
+        if not value.strip():
+            return None  # the mobile prompt's time='': the device's own long press
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = math.nan
+        if not 0 < seconds <= MAX_LONG_PRESS_S:
+            raise ActionSyntaxError(
+                f"{arg.box_key} is a number of seconds between 0 and {MAX_LONG_PRESS_S:g}, got {value!r}",
+                text,
+                position,
+            )
+        return seconds
     return value
 
 
@@ -363,7 +515,7 @@ def parse_actions(text: str, *, offset: int = 0, source: str | None = None) -> l
     """Every action call in `text` (the part after 'Action:'), separated by blank lines or whitespace."""
     full = source if source is not None else text
     actions: list[Action] = []
-    i = offset + _SPACE.match(text).end()  # type: ignore[union-attr]
+    i = offset + _LEADING.match(text).end()  # type: ignore[union-attr]
     end = offset + len(text)
     while i < end:
         action, i = _read_call(full[:end], i)
@@ -379,7 +531,7 @@ def parse_step(text: str) -> ParsedStep:
     headers = list(_SECTION.finditer(text))
     if not headers:
         raise ActionSyntaxError("no 'Action:' section (expected 'Thought: …' then 'Action: …')", text, 0)
-    if text[: headers[0].start()].strip():
+    if _LEADING.fullmatch(text, 0, headers[0].start()) is None:
         raise ActionSyntaxError("unexpected text before the first section", text, 0)
     sections: dict[str, tuple[int, int]] = {}
     for n, header in enumerate(headers):
@@ -428,7 +580,7 @@ def format_action(action: Action, notation: Notation = Notation.BOX) -> str:
     _, args = SPECS[action.name]
     parts = []
     for arg in args:
-        value = getattr(action, arg.attr)
+        value = getattr(action, arg.attr) if arg.written else None
         if value is None or (not arg.required and value == ""):
             continue
         key = arg.box_key if notation == Notation.BOX else arg.point_key
@@ -436,6 +588,8 @@ def format_action(action: Action, notation: Notation = Notation.BOX) -> str:
             text = format_point(value, notation)
         elif arg.kind == "keys":
             text = " ".join(value)
+        elif arg.kind == "seconds":
+            text = _coordinate(value)
         else:
             text = value
         parts.append(f"{key}={_quote(text)}")

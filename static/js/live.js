@@ -235,7 +235,8 @@ $("shot-wrap").addEventListener("click", (event) => {
   const x = Math.round(((event.clientX - box.left) / box.width) * state.model_width);
   const y = Math.round(((event.clientY - box.top) / box.height) * state.model_height);
   const field = $("override-action");
-  if (!field.value.trim()) field.value = `click(start_box='<|box_start|>(${x},${y})<|box_end|>')`;
+  const click = templates.find((t) => t.startsWith("click(")); // the grammar's own template, from the server
+  if (!field.value.trim()) field.value = click.replace("(x,y)", `(${x},${y})`);
   else if (field.value.includes("(x,y)")) field.value = field.value.replace("(x,y)", `(${x},${y})`);
   else field.value = field.value.replace(/\(\s*-?\d+(\.\d+)?\s*,\s*-?\d+(\.\d+)?\s*\)/, `(${x},${y})`);
   validate();
