@@ -120,7 +120,18 @@ def check_setup_config(value: Any, name: str, errors: list[str]) -> list:
             errors.append(f"{name}[{i}]|must be an object with a non-empty string 'type'")
         elif not isinstance(item.get("parameters", {}), dict):
             errors.append(f"{name}[{i}].parameters|must be an object")
+        elif item["type"] not in (setup_types := sandbox_supports()[0]):
+            known = ", ".join(sorted(setup_types))
+            errors.append(f"{name}[{i}].type|unknown setup type {item['type']!r}; the sandbox runs: {known}")
     return value
+
+
+def sandbox_supports() -> tuple[set[str], set[str], set[str]]:
+    """Setup types, metrics and getter types the sandbox runs, read from sandbox.osworld (imported on first use: it
+    loads the desktop and browser backends, which most web requests never need)."""
+    from sandbox import osworld
+
+    return set(osworld.SETUP), set(osworld.METRICS), set(osworld.GETTERS)
 
 
 def check_evaluator(value: Any, errors: list[str]) -> dict:
@@ -139,6 +150,19 @@ def check_evaluator(value: Any, errors: list[str]) -> dict:
     funcs = func if isinstance(func, list) else [func]
     if not funcs or not all(isinstance(f, str) and f for f in funcs):
         errors.append("evaluator.func|must be a metric name or a list of metric names")
+        return value
+    _, metrics, getters = sandbox_supports()
+    for f in funcs:
+        if f not in metrics:
+            errors.append(f"evaluator.func|unknown metric {f!r}; the sandbox has: {', '.join(sorted(metrics))}")
+    for key in ("result", "expected"):
+        specs = value.get(key)
+        for spec in specs if isinstance(specs, list) else [specs]:
+            kind = spec.get("type") if isinstance(spec, dict) else None
+            if spec and kind not in getters:
+                errors.append(
+                    f"evaluator.{key}|unknown getter type {kind!r}; the sandbox has: {', '.join(sorted(getters))}"
+                )
     return value
 
 

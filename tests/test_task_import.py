@@ -11,21 +11,25 @@ from annotation_app.task_import import TaskImportError, import_tasks
 
 from .factories import TaskFactory
 
+# An OSWorld task (desktop_env format) whose setup types, getters and metric the sandbox runs: it imports as it is.
+# (Chrome tasks whose getters the sandbox lacks, such as default_search_engine, are refused: test_task_import_types.)
 OSWORLD_TASK = {
-    "id": "bb5e4c0d-f964-439c-97b6-bdb9747de3f4",
-    "snapshot": "chrome",
-    "instruction": "Can you make Bing the main search engine when I look stuff up on the internet?",
-    "source": "https://support.google.com/chrome/answer/95426",
+    "id": "94d95f96-9699-4208-98ba-3c3119edf9c2",
+    "snapshot": "os",
+    "instruction": "I want to install Spotify on my current system. Could you please help me?",
+    "source": "https://help.ubuntu.com/lts/ubuntu-help/addremove-install.html.en",
     "config": [
-        {"type": "launch", "parameters": {"command": ["google-chrome", "--remote-debugging-port=1337"]}},
-        {"type": "launch", "parameters": {"command": ["socat", "tcp-listen:9222,fork", "tcp:localhost:1337"]}},
+        {
+            "type": "execute",
+            "parameters": {"command": ["python", "-c", "import pyautogui; import time; pyautogui.click(960, 540)"]},
+        }
     ],
     "trajectory": "trajectories/",
-    "related_apps": ["chrome"],
+    "related_apps": ["os"],
     "evaluator": {
-        "func": "match_in_list",
-        "result": {"type": "default_search_engine"},
-        "expected": {"type": "rule", "rules": {"expected": ["Microsoft Bing", "Bing"]}},
+        "func": "check_include_exclude",
+        "result": {"type": "vm_command_line", "command": "which spotify"},
+        "expected": {"type": "rule", "rules": {"include": ["spotify"], "exclude": ["not found"]}},
     },
     "proxy": False,
 }
@@ -39,9 +43,9 @@ def test_osworld_task_file_imports_as_is(db):
     result = _import(OSWORLD_TASK)
     task = Task.objects.get(pk=result.task_ids[0])
     assert task.external_id == OSWORLD_TASK["id"]
-    assert task.domain == "chrome"
+    assert task.domain == "os"
     assert task.setup_config == OSWORLD_TASK["config"]
-    assert task.evaluator["func"] == "match_in_list"
+    assert task.evaluator["func"] == "check_include_exclude"
     assert task.metadata["osworld"]["source"] == OSWORLD_TASK["source"]
 
 
