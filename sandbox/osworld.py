@@ -3,6 +3,10 @@
 Setup: `config` is a list of {type, parameters}; evaluation: `evaluator` is {func, result, expected, options,
 conj}, where each result/expected is a getter spec ({type, ...}) and func names a metric. Several funcs combine
 with conj "and" (default) or "or". Unknown types and missing parameters raise TaskConfigError naming them.
+
+Infeasible tasks (`func: "infeasible"`) follow OSWorld's rule: they score 1 only when the agent's last action is
+FAIL (`fail()`), and any task whose agent ends with FAIL scores 0 otherwise. `call_user()` is not FAIL.
+`upload_file` copies host files only from the task-files directory (`SANDBOX_TASK_FILES`, see task_files.py).
 """
 
 from __future__ import annotations
@@ -10,11 +14,14 @@ from __future__ import annotations
 import shlex
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from .manager import Session
 from .sdk import Files, run_shell
+from .task_files import TaskFileOutside, read_task_file, task_file
+
+INFEASIBLE = "infeasible"
+FAIL = "fail"  # the action name of OSWorld's FAIL in our grammar
 
 
 class TaskConfigError(ValueError):
@@ -78,16 +85,38 @@ def _setup_sleep(session: Session, p: dict[str, Any], where: str) -> str:
 
 
 def _setup_upload(session: Session, p: dict[str, Any], where: str) -> str:
-    """OSWorld's upload_file / download: put files from the service host (`local_path`) at `path` in the session."""
+    """OSWorld's upload_file: put files of the task-files directory (`local_path`) at `path` in the session.
+
+    Every `local_path` is checked before the first file is copied; one outside the directory refuses the step."""
     if session.user is None:
         raise TaskConfigError(f"{where}: file upload needs an isolated session")
+    entries = _param(p, "files", where)
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise TaskConfigError(f"{where}: files must be a list of {{local_path, path}} objects")
+    contents = []
+    for j, entry in enumerate(entries):
+        field = f"{where}: files[{j}].local_path"
+        try:
+            contents.append((_param(entry, "path", where), read_task_file(_param(entry, "local_path", where))))
+        except TaskFileOutside as exc:
+            raise TaskConfigError(f"{field}: {exc}") from None
+        except FileNotFoundError as exc:
+            raise TaskConfigError(f"{field}: {exc}") from None
     files = Files(session.user)
-    for entry in _param(p, "files", where):
-        source = Path(_param(entry, "local_path", where))
-        if not source.is_file():
-            raise TaskConfigError(f"{where}: no local file {source}")
-        files.write(_param(entry, "path", where), source.read_bytes())
-    return f"uploaded {len(p['files'])} file(s)"
+    for path, data in contents:
+        files.write(path, data)
+    return f"uploaded {len(contents)} file(s)"
+
+
+def check_upload_paths(p: dict[str, Any], where: str) -> None:
+    """Every `local_path` of an upload_file step lies in the task-files directory, else TaskConfigError naming it."""
+    entries = p.get("files") if isinstance(p, dict) else None
+    for j, entry in enumerate(entries if isinstance(entries, list) else []):
+        if isinstance(entry, dict) and "local_path" in entry:
+            try:
+                task_file(entry["local_path"])
+            except TaskFileOutside as exc:
+                raise TaskConfigError(f"{where}: files[{j}].local_path: {exc}") from None
 
 
 def _setup_open(session: Session, p: dict[str, Any], where: str) -> str:
@@ -121,6 +150,8 @@ def run_setup(session: Session, config: list[dict[str, Any]]) -> list[str]:
         if not isinstance(step, dict) or step.get("type") not in SETUP:
             kind = step.get("type") if isinstance(step, dict) else step
             raise TaskConfigError(f"config[{i}]: unknown setup type {kind!r}; known: {', '.join(sorted(SETUP))}")
+        if step["type"] == "upload_file":
+            check_upload_paths(step.get("parameters", {}), f"config[{i}] (upload_file)")
     return [
         SETUP[step["type"]](session, step.get("parameters", {}), f"config[{i}] ({step['type']})")
         for i, step in enumerate(config)
@@ -175,11 +206,31 @@ METRICS: dict[str, Callable[..., float]] = {
 }
 
 
-def evaluate(session: Session, evaluator: dict[str, Any]) -> float:
-    """Score the session's state against the evaluator: 1.0 or 0.0 (conj "and" / "or" over several funcs)."""
+def score_by_last_action(evaluator: dict[str, Any], last_action: str | None) -> float | None:
+    """OSWorld's rule before any state is read: an infeasible task scores 1 only when the last action is FAIL, and a
+    FAIL on any other task scores 0; None when the session's state decides. `last_action` is an action name
+    ("finished", "call_user", "fail", ...), None when no agent's last action is known (which is not FAIL)."""
+    funcs = evaluator.get("func") if isinstance(evaluator, dict) else None
+    funcs = funcs if isinstance(funcs, list) else [funcs]
+    if INFEASIBLE in funcs:
+        if len(funcs) != 1:
+            raise TaskConfigError(f"evaluator: {INFEASIBLE!r} stands alone; it can't be combined with other funcs")
+        return float(last_action == FAIL)
+    return 0.0 if last_action == FAIL else None
+
+
+def evaluate(session: Session, evaluator: dict[str, Any], *, last_action: str | None = None) -> float:
+    """Score the session's state against the evaluator: 1.0 or 0.0 (conj "and" / "or" over several funcs).
+
+    `last_action`: the name of the agent's last action, for OSWorld's infeasible tasks (see score_by_last_action)."""
+    if not isinstance(evaluator, dict):
+        raise TaskConfigError("evaluator: must be an object like {func, result, expected}")
     funcs = evaluator.get("func")
     if funcs is None:
         raise TaskConfigError("evaluator: missing 'func'")
+    decided = score_by_last_action(evaluator, last_action)
+    if decided is not None:
+        return decided
     several = isinstance(funcs, list)
     funcs = funcs if several else [funcs]
     results = evaluator.get("result", [{}] * len(funcs))
@@ -194,7 +245,8 @@ def evaluate(session: Session, evaluator: dict[str, Any]) -> float:
     for i, (func, result_spec, expected_spec) in enumerate(zip(funcs, results, expecteds, strict=True)):
         where = f"evaluator[{i}] ({func})"
         if func not in METRICS:
-            raise TaskConfigError(f"{where}: unknown metric; known: {', '.join(sorted(METRICS))}")
+            known = ", ".join(sorted([*METRICS, INFEASIBLE]))
+            raise TaskConfigError(f"{where}: unknown metric; known: {known}")
         result = _get(session, result_spec, f"{where} result")
         expected = _get(session, expected_spec, f"{where} expected") if expected_spec else None
         scores.append(METRICS[func](result, expected))
