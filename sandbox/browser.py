@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from PIL import Image
+from playwright.sync_api import Error as PlaywrightError
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from .actions import (
     Action,
@@ -43,6 +45,7 @@ from .actions import (
 from .coordinates import ScreenMapping, pixel_of
 from .desktop import UnsupportedAction
 from .isolation import BROWSER_LIMITS, SessionUser
+from .settle import CAP_S, Settled
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -58,6 +61,11 @@ KEYS = {
     "home": "Home", "end": "End", "insert": "Insert",
 }  # fmt: skip
 SCROLL_PIXELS = 300
+# Resolves false after two animation frames (the page has painted what the action changed), true at the cap.
+_TWO_FRAMES = """(capMs) => new Promise((resolve) => {
+  const timer = setTimeout(() => resolve(true), capMs);
+  requestAnimationFrame(() => requestAnimationFrame(() => { clearTimeout(timer); resolve(false); }));
+})"""
 T = TypeVar("T")
 
 
@@ -181,6 +189,29 @@ class BrowserSession:
         """Run a JavaScript verifier snippet in the page and return its (JSON-able) value, e.g. `window.score`."""
         return self._call(lambda: self.page.evaluate(script))
 
+    def arm_settle(self) -> None:
+        """Nothing to forget: a page's settling is read from its own load state (kept for the desktop's interface)."""
+
+    def settle(self, cap_s: float = CAP_S) -> Settled:
+        """Wait until the page has loaded (after a navigation an action caused) and painted twice since the action,
+        so the next screenshot shows its effect; at most `cap_s`."""
+        started = time.monotonic()
+
+        def run() -> bool:
+            try:
+                self.page.wait_for_load_state("load", timeout=cap_s * 1000)
+            except PlaywrightTimeoutError:
+                return True
+            left_ms = max(1.0, (cap_s - (time.monotonic() - started)) * 1000)
+            try:
+                return bool(self.page.evaluate(_TWO_FRAMES, left_ms))
+            except PlaywrightError:  # the page navigated while we looked: it is loading; one more load wait
+                self.page.wait_for_load_state("load", timeout=left_ms)
+                return False
+
+        timed_out = self._call(run)
+        return Settled(round((time.monotonic() - started) * 1000, 1), timed_out, 0)
+
     def screenshot(self, size: tuple[int, int] | None = None, fmt: str = "jpeg", quality: int = 80) -> bytes:
         """The page as JPEG or PNG; resized to `size` (width, height) when it differs from the viewport."""
         kwargs: dict[str, Any] = {"type": fmt} | ({"quality": quality} if fmt == "jpeg" else {})
@@ -232,7 +263,10 @@ class BrowserSession:
                 dy = {"up": -SCROLL_PIXELS, "down": SCROLL_PIXELS}.get(direction, 0)
                 mouse.wheel(dx, dy)
             case Navigate(url):
-                page.goto(url)
+                try:
+                    page.goto(url)
+                except PlaywrightError as exc:  # an unreachable URL is an observation (Chromium's error page)
+                    return f"navigation failed: {str(exc).splitlines()[0]}"
             case NavigateBack():
                 page.go_back()
             case Wait():

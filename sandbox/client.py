@@ -45,6 +45,7 @@ class StepResult:
     actions: list[dict[str, Any]]
     observation_jpeg: bytes | None
     elapsed_ms: float
+    settle: dict[str, Any] | None = None  # how long the observation waited for the screen (waited_ms, timed_out)
 
 
 def connection(base_url: str, api_key: str, timeout_s: float = 120.0) -> httpx.Client:
@@ -119,8 +120,9 @@ class SandboxClient:
         data = self._call("POST", f"/sessions/{session_id}/step", json=body).json()
         image = data.get("observation_jpeg_base64")
         return StepResult(
-            data["results"], data["actions"], base64.b64decode(image) if image else None, data["elapsed_ms"]
-        )
+            data["results"], data["actions"], base64.b64decode(image) if image else None, data["elapsed_ms"],
+            data.get("settle"),
+        )  # fmt: skip
 
     def observe(self, session_id: str, *, fmt: str = "jpeg", size: str = "model") -> bytes:
         params = {"owner": self.owner, "fmt": fmt, "size": size}

@@ -42,6 +42,7 @@ from .actions import (
 )
 from .coordinates import ScreenMapping, pixel_of
 from .isolation import SessionUser
+from .settle import CAP_S, GRACE_S, DamageWatch, Settled
 
 # UI-TARS key names -> X keysym names.
 KEY_NAMES = {
@@ -128,6 +129,7 @@ class Desktop:
         if not self.x.has_extension("XTEST"):
             raise DesktopError("the X server has no XTEST extension")
         self.grabber = mss.MSS(display=f":{self.display}")
+        self.watch = DamageWatch(self.x)  # observations wait for the drawing an action causes (settle.py)
         first, count = (
             self.x.display.info.min_keycode,
             self.x.display.info.max_keycode - self.x.display.info.min_keycode,
@@ -175,7 +177,7 @@ class Desktop:
         self.processes.clear()
         for path in (Path(f"/tmp/.X{self.display}-lock"), Path(f"/tmp/.X11-unix/X{self.display}"), self.vnc_socket):
             path.unlink(missing_ok=True)
-        for handle in ("grabber", "x"):
+        for handle in ("watch", "grabber", "x"):
             obj = self.__dict__.pop(handle, None)
             if obj is not None:
                 try:
@@ -201,6 +203,19 @@ class Desktop:
         else:
             image.save(out, "JPEG", quality=quality)
         return out.getvalue()
+
+    def arm_settle(self) -> None:
+        """Forget the drawing so far: the next `settle()` waits for what happens from now on (e.g. task setup)."""
+        self._check_alive()
+        self.watch.arm()
+
+    def settle(self, cap_s: float = CAP_S, grace_s: float = GRACE_S) -> Settled:
+        """Wait until the drawing since the last action has stopped, so the next screenshot shows its effect."""
+        self._check_alive()
+        try:
+            return self.watch.wait(grace_s=grace_s, cap_s=cap_s)
+        except (XError, ConnectionClosedError, OSError) as exc:
+            raise DesktopError(f"desktop :{self.display} is gone ({type(exc).__name__})") from exc
 
     def windows(self) -> list[tuple[str, str]]:
         """(WM class, title) of every top-level application window that is on screen, e.g. ("XTerm", "xterm")."""
@@ -230,6 +245,7 @@ class Desktop:
         """Run one action; model coordinates go through `mapping` (default: screen pixels). Returns a status."""
         self._check_alive()
         try:
+            self.watch.arm()
             return self._execute(action, mapping)
         except (XError, ConnectionClosedError, OSError) as exc:
             raise DesktopError(f"desktop :{self.display} is gone ({type(exc).__name__})") from exc

@@ -33,6 +33,8 @@ from .osworld import TaskConfigError, evaluate, run_setup
 from .sdk import Files, PathOutsideSession, run_shell
 from .vnc import mint_token, revoke_tokens
 
+SETUP_SETTLE_CAP_S = 5.0  # a task's apps may take seconds to draw their first window
+
 ERRORS: list[tuple[type[Exception], int, str]] = [
     (NoCapacity, 503, "no_capacity"),
     (NotLeaseOwner, 403, "not_owner"),
@@ -111,6 +113,9 @@ class StepResponse(BaseModel):
     actions: list[dict]
     observation_jpeg_base64: str | None = None
     elapsed_ms: float
+    settle: dict[str, Any] | None = Field(
+        default=None, description="How long the observation waited for the screen to settle (waited_ms, timed_out)."
+    )
 
 
 class VncTokenRequest(BaseModel):
@@ -258,13 +263,15 @@ def create_app(manager: SessionManager, api_key: str, *, reclaim_every_s: float 
         actions = parse_actions(body.action_text)
         mapping = session.mapping if body.coordinates == "model" else None
         observation = None
+        settled = None
         with manager.driving(session) as screen:
             results = [screen.execute(action, mapping) for action in actions]
             if body.observe:
+                settled = screen.settle().as_dict()
                 observation = base64.b64encode(screen.screenshot(session.mapping.model_size)).decode()
         return StepResponse(
             results=results, actions=[action_to_dict(a) for a in actions], observation_jpeg_base64=observation,
-            elapsed_ms=(time.perf_counter() - started) * 1000,
+            elapsed_ms=(time.perf_counter() - started) * 1000, settle=settled,
         )  # fmt: skip
 
     @app.get("/sessions/{session_id}/observation", dependencies=auth, response_class=Response)
@@ -281,10 +288,13 @@ def create_app(manager: SessionManager, api_key: str, *, reclaim_every_s: float 
         return Response(image, media_type=f"image/{fmt}")
 
     @app.post("/sessions/{session_id}/setup", dependencies=auth)
-    def setup(session_id: str, body: SetupRequest) -> dict[str, list[str]]:
+    def setup(session_id: str, body: SetupRequest) -> dict[str, Any]:
         session = manager.get(session_id, body.owner)
-        with manager.driving(session):
-            return {"done": run_setup(session, body.config)}
+        with manager.driving(session) as screen:
+            screen.arm_settle()
+            done = run_setup(session, body.config)
+            settled = screen.settle(SETUP_SETTLE_CAP_S).as_dict()  # the first observation shows the set-up screen
+        return {"done": done, "settle": settled}
 
     @app.post("/sessions/{session_id}/evaluate", dependencies=auth)
     def evaluate_task(session_id: str, body: EvaluateRequest) -> dict[str, float]:
