@@ -133,9 +133,10 @@ class SandboxClient:
         body = {"owner": self.owner, "config": config}
         return self._call("POST", f"/sessions/{session_id}/setup", json=body).json()["done"]
 
-    def evaluate(self, session_id: str, evaluator: dict[str, Any]) -> float:
-        """Score the session against an OSWorld `evaluator`: 1.0 or 0.0."""
-        body = {"owner": self.owner, "evaluator": evaluator}
+    def evaluate(self, session_id: str, evaluator: dict[str, Any], *, last_action: str | None = None) -> float:
+        """Score the session against an OSWorld `evaluator`: 1.0 or 0.0; `last_action` (an action name) decides
+        infeasible tasks (1 only for 'fail')."""
+        body = {"owner": self.owner, "evaluator": evaluator, "last_action": last_action}
         return self._call("POST", f"/sessions/{session_id}/evaluate", json=body).json()["score"]
 
     def shell(self, session_id: str, command: str, timeout_s: float = 30) -> dict[str, Any]:

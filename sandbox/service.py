@@ -136,6 +136,9 @@ class SetupRequest(BaseModel):
 class EvaluateRequest(BaseModel):
     owner: str
     evaluator: dict = Field(description="OSWorld `evaluator`: {func, result, expected, conj}.")
+    last_action: str | None = Field(
+        default=None, description="The agent's last action (e.g. 'fail', 'finished'): infeasible tasks score by it."
+    )
 
 
 class VerifyRequest(BaseModel):
@@ -300,7 +303,7 @@ def create_app(manager: SessionManager, api_key: str, *, reclaim_every_s: float 
     def evaluate_task(session_id: str, body: EvaluateRequest) -> dict[str, float]:
         session = manager.get(session_id, body.owner)
         with manager.driving(session):
-            return {"score": evaluate(session, body.evaluator)}
+            return {"score": evaluate(session, body.evaluator, last_action=body.last_action)}
 
     @app.post("/sessions/{session_id}/shell", dependencies=auth)
     def shell(session_id: str, body: ShellRequest) -> ShellResponse:
