@@ -123,7 +123,25 @@ def check_setup_config(value: Any, name: str, errors: list[str]) -> list:
         elif item["type"] not in (setup_types := sandbox_supports()[0]):
             known = ", ".join(sorted(setup_types))
             errors.append(f"{name}[{i}].type|unknown setup type {item['type']!r}; the sandbox runs: {known}")
+        elif item["type"] == "upload_file":
+            check_upload_files(item.get("parameters", {}), f"{name}[{i}].parameters", errors)
     return value
+
+
+def check_upload_files(parameters: dict, name: str, errors: list[str]) -> None:
+    """OSWorld upload_file: every `local_path` lies in the sandbox's task-files directory (SANDBOX_TASK_FILES); the
+    service runs as root and refuses others again at setup."""
+    from sandbox.task_files import TaskFileOutside, task_file
+
+    files = parameters.get("files")
+    if not isinstance(files, list) or not files or not all(isinstance(f, dict) for f in files):
+        errors.append(f"{name}.files|must be a non-empty list of {{local_path, path}} objects")
+        return
+    for j, entry in enumerate(files):
+        try:
+            task_file(entry.get("local_path"))  # type: ignore[arg-type]
+        except TaskFileOutside as exc:
+            errors.append(f"{name}.files[{j}].local_path|{exc}")
 
 
 def sandbox_supports() -> tuple[set[str], set[str], set[str]]:
@@ -131,7 +149,7 @@ def sandbox_supports() -> tuple[set[str], set[str], set[str]]:
     loads the desktop and browser backends, which most web requests never need)."""
     from sandbox import osworld
 
-    return set(osworld.SETUP), set(osworld.METRICS), set(osworld.GETTERS)
+    return set(osworld.SETUP), {*osworld.METRICS, osworld.INFEASIBLE}, set(osworld.GETTERS)
 
 
 def check_evaluator(value: Any, errors: list[str]) -> dict:
