@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from sandbox.actions import ActionSyntaxError, parse_step
+from sandbox.actions import TERMINAL_ACTIONS, ActionSyntaxError, format_actions, parse_step
+from sandbox.client import ActionError, SandboxError
 
 
 @dataclass
@@ -144,8 +145,12 @@ class GuessEnv:
 class SandboxEnv:
     """An OSWorld-style task on a sandbox desktop: the task's `config` runs at reset, each reply is a UI-TARS
     "Thought: … Action: …" step executed by the sandbox service, the observation is the new screenshot (saved under
-    `image_dir`, referenced by relative path as the episode format wants), and the evaluator scores `finished`.
-    An unparsable reply costs `format_penalty` and leaves the screen as it was."""
+    `image_dir`, referenced by relative path as the episode format wants). `finished()`, `call_user()` and `fail()`
+    end the episode and the task's evaluator scores it, told the last action: OSWorld's infeasible tasks score 1
+    only for `fail()`, and `fail()` scores 0 on any other task. An evaluator that can't run scores 0 and its error
+    is recorded in the turn's info (`evaluator_error`), so one bad task never ends a rollout batch.
+    A reply that does not parse, or whose action the sandbox refuses, costs `format_penalty` and leaves the screen
+    as it was."""
 
     name = "sandbox"
 
@@ -188,15 +193,36 @@ class SandboxEnv:
         try:
             actions = parse_step(reply).actions
         except ActionSyntaxError as exc:
-            done = self._steps >= self.max_steps
-            return Feedback(None if done else self._observation(self.client.observe(self.session)),
-                            self.format_penalty, done, {"error": str(exc)})  # fmt: skip
-        kinds = {a.name for a in actions}
-        if kinds & {"finished", "call_user"} or self._steps >= self.max_steps:
-            score = self.client.evaluate(self.session, self.task["evaluator"]) if "finished" in kinds else 0.0
-            return Feedback(None, float(score), True, {"steps": self._steps})
-        result = self.client.step(self.session, reply.split("Action:", 1)[-1].strip())
-        return Feedback(self._observation(result.observation_jpeg), 0.0, False, {"steps": self._steps})
+            return self._refused(str(exc))
+        end = next((n for n, a in enumerate(actions) if a.name in TERMINAL_ACTIONS), None)
+        if end is None and self._steps >= self.max_steps:
+            return Feedback(None, 0.0, True, {"steps": self._steps, "truncated": True})
+        run = actions if end is None else actions[:end]  # what comes before the episode's end still happens
+        try:
+            result = self.client.step(self.session, format_actions(run), observe=end is None) if run else None
+        except ActionError as exc:
+            return self._refused(str(exc))
+        if end is None:
+            return Feedback(self._observation(result.observation_jpeg), 0.0, False, {"steps": self._steps})
+        return self._finish(actions[end].name)
+
+    def _refused(self, error: str) -> Feedback:
+        """A reply that did not parse or run: the format penalty, and the same screen again."""
+        done = self._steps >= self.max_steps
+        observation = None if done else self._observation(self.client.observe(self.session))
+        return Feedback(observation, self.format_penalty, done, {"error": error})
+
+    def _finish(self, last_action: str) -> Feedback:
+        """The episode ends with `last_action`: the evaluator scores it; an evaluator error is recorded, scoring 0."""
+        info: dict[str, Any] = {"steps": self._steps, "last_action": last_action}
+        evaluator = self.task.get("evaluator")
+        try:
+            if not evaluator:
+                raise ValueError(f"task {self.task.get('id', '?')!r} has no evaluator")
+            score = float(self.client.evaluate(self.session, evaluator, last_action=last_action))
+        except (SandboxError, ValueError) as exc:
+            score, info["evaluator_error"] = 0.0, str(exc)
+        return Feedback(None, score, True, info)
 
     def close(self) -> None:
         if self.session is not None:
