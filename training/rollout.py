@@ -205,13 +205,16 @@ def turn_message(reply: Reply, feedback: Any, version: int) -> dict[str, Any]:
 
 def run_episode(env: Env, ask: Callable[[list[dict[str, Any]]], tuple[Reply, int]], seed: int,
                 max_turns: int = 32) -> Episode:  # fmt: skip
-    """Play one episode: the policy answers, the environment responds, until done or `max_turns`."""
+    """Play one episode: the policy answers, the environment responds, until done or `max_turns`. The final turn's
+    info (e.g. an evaluator error of a sandbox task) is kept in the episode's meta."""
     messages = env.reset(seed)
     started = time.perf_counter()
     done = False
+    info: dict[str, Any] = {}
     for _ in range(max_turns):
         reply, version = ask(messages)
         feedback = env.step(reply.text)
+        info = feedback.info
         messages.append(turn_message(reply, feedback, version))
         if feedback.done:
             done = True
@@ -219,7 +222,7 @@ def run_episode(env: Env, ask: Callable[[list[dict[str, Any]]], tuple[Reply, int
         assert feedback.observation is not None
         messages.append(feedback.observation)
     episode = Episode(messages, id=f"{env.name}-{seed}", source="rollout", instruction=env.name)
-    episode.meta.update(seed=seed, done=done, seconds=time.perf_counter() - started)
+    episode.meta.update(seed=seed, done=done, seconds=time.perf_counter() - started, info=info)
     return episode
 
 
