@@ -215,3 +215,50 @@ def test_the_trainers_sandbox_environment_plays_scores_and_renders_an_episode(cl
     sample = Renderer(tokenizer, image_processor=processor).render(loaded)
     assert sample.image_grid_thw is not None and sample.image_grid_thw.shape[0] == 3
     assert float(sample.rewards.sum()) == pytest.approx(0.9)
+
+
+def test_absurd_coordinates_are_refused_with_a_400_not_a_500(client):
+    """1e999 or 400 digits parsed to infinity, and the pixel conversion's OverflowError made /step answer 500."""
+    sid = client.allocate(ttl_s=60)["session_id"]
+    try:
+        for text in ("click(start_box='(1e999,5)')", f"click(start_box='({'9' * 400},5)')"):
+            with pytest.raises(ActionError, match="out of range") as refused:
+                client.step(sid, text)
+            assert refused.value.status == 400
+        assert client.step(sid, "hotkey(key='ctrl+c')", observe=False).results == ["ok"]  # '+' separates keys
+    finally:
+        client.release(sid)
+
+
+def test_the_sandbox_environment_ends_on_fail_call_user_and_finished_and_records_evaluator_errors(client, tmp_path):
+    """OSWorld's rule in training.envs.SandboxEnv: infeasible tasks score 1 only for fail(); call_user() is not FAIL
+    and is evaluated like finished(); an evaluator that can't run scores 0 with its error on the episode instead of
+    raising out of the rollout; a refused action costs the format penalty; leading space or a BOM is fine."""
+    from training.envs import SandboxEnv
+    from training.rollout import Reply, run_episode
+
+    setup = [{"type": "execute", "parameters": {"command": "echo done > flag", "shell": True}}]
+    flag = {"func": "exact_match", "result": {"type": "vm_file", "path": "flag"},
+            "expected": {"type": "rule", "rules": {"expected": "done"}}}  # fmt: skip
+    broken = {"func": "exact_match", "result": {"type": "vm_screen"}}  # a getter the sandbox lacks
+
+    def play(evaluator: dict, *replies: str):
+        task = {"id": "t", "instruction": "Do it, or say it can't be done.", "config": setup, "evaluator": evaluator}
+        env = SandboxEnv(client, task, tmp_path / "images", max_steps=4)
+        scripted = iter(replies)
+        try:
+            episode = run_episode(env, lambda messages: (Reply(next(scripted)), 0), seed=0)
+        finally:
+            env.close()
+        assert episode.meta["done"]
+        return [m["reward"] for m in episode.messages if m["role"] == "assistant"], episode.meta["info"]
+
+    rewards, info = play({"func": "infeasible"}, " Thought: No such feature.\nAction: fail()")
+    assert rewards == [1.0] and info["last_action"] == "fail"
+    assert play({"func": "infeasible"}, "Thought: Done.\nAction: finished(content='')")[0] == [0.0]
+    assert play({"func": "infeasible"}, "Thought: Help.\nAction: call_user()")[0] == [0.0]
+    refused = "Thought: Open the site.\nAction: navigate(content='https://example.org')"  # not a desktop action
+    assert play(flag, refused, "\ufeff  Thought: It is done; ask.\n  Action: call_user()")[0] == [-0.1, 1.0]
+    assert play(flag, "Thought: Give up.\nAction: wait()\n\nfail()")[0] == [0.0]
+    rewards, info = play(broken, "Thought: Done.\nAction: finished()")
+    assert rewards == [0.0] and "unknown getter type 'vm_screen'" in info["evaluator_error"]
