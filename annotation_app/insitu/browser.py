@@ -215,7 +215,10 @@ def start_recording(capture: Capture) -> float:
 
 
 def finish_recording(capture: Capture, audio: UploadedFile | None, audio_offset: float) -> Capture:
-    """Stop the desktop capture, add the browser's audio to its archive, release the desktop and queue processing."""
+    """Stop the desktop capture, add the browser's audio to its archive, queue processing, then release the desktop.
+
+    The desktop is given back only once the archive is written and the capture queued: a failure before that leaves
+    the lease in place (the capture stays 'recording'; cancelling it, or the lease's expiry, gives the desktop back)."""
     session_id = _session(capture)
     if audio is not None:
         checked = check_upload(audio, what="audio", max_bytes=settings.MAX_AUDIO_BYTES, formats=AUDIO_FORMATS)
@@ -223,7 +226,6 @@ def finish_recording(capture: Capture, audio: UploadedFile | None, audio_offset:
             raise Invalid(f"Browser audio must be WebM, Ogg or WAV, not {checked.content_type}.")
     client = sandbox_for(capture)
     archive = client.capture_stop(session_id)
-    release_quietly(client, session_id)
     files, meta = {}, {"session_id": str(capture.session_id)}
     if audio is not None:
         name = f"audio.{BROWSER_AUDIO[checked.content_type]}"
@@ -242,6 +244,7 @@ def finish_recording(capture: Capture, audio: UploadedFile | None, audio_offset:
             stage="queued",
         )
         transaction.on_commit(lambda: _enqueue(capture.pk))
+    release_quietly(client, session_id)
     capture.refresh_from_db()
     return capture
 
