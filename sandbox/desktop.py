@@ -2,15 +2,27 @@
 
 Actions go through one X connection held by this process (python-xlib's XTEST), not one xdotool process per
 action; screenshots come from mss and are encoded at the size the model is told (see coordinates.ScreenMapping).
+
+Each X server wants a cookie (MIT-MAGIC-COOKIE-1) of its own: it is in `~/.Xauthority` of the session (mode 0600,
+owned by the session's user), which its window manager, VNC server and applications read, and in this process's
+private authority file (see `ServiceAuthority`), which python-xlib and mss read. Xvfb listens on no TCP port; the
+session's confined processes see their own display's filesystem socket and no other, and no abstract socket (they
+have a network namespace of their own).
 """
 
 from __future__ import annotations
 
+import atexit
 import io
 import os
+import secrets
 import shutil
 import signal
+import socket
+import struct
 import subprocess
+import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +53,7 @@ from .actions import (
     Wait,
 )
 from .coordinates import ScreenMapping, pixel_of
-from .isolation import SessionUser
+from .isolation import SessionUser, x_socket
 from .settle import CAP_S, GRACE_S, DamageWatch, Settled
 
 # UI-TARS key names -> X keysym names.
@@ -55,6 +67,8 @@ KEY_NAMES = {
 }  # fmt: skip
 SCROLL_BUTTONS = {"up": 4, "down": 5, "left": 6, "right": 7}
 SCROLL_CLICKS = 5
+COOKIE_NAME = b"MIT-MAGIC-COOKIE-1"
+FAMILY_LOCAL, FAMILY_WILD = 256, 65535  # Xauthority address families: this host's unix sockets; any address
 
 
 class DesktopError(RuntimeError):
@@ -92,24 +106,44 @@ class Desktop:
         applications it launches are confined like the user's shell commands (see isolation.py)."""
         home = user.home if user else home
         home.mkdir(parents=True, exist_ok=True)
-        run_as = _run_as(user)
+        # The X server's cookie, readable by the session's user alone (the server runs as that user and reads it).
+        cookie, xauthority = secrets.token_bytes(16), home / ".Xauthority"
+        _write_xauthority(xauthority, {None: cookie}, owner=user)
+        # Handed over open: the server's user may not be able to walk the path to the home (the cookie's mode
+        # still applies), and an X server that can't read its -auth file would let everyone in.
+        auth_fd = os.open(xauthority, os.O_RDONLY)
         read_fd, write_fd = os.pipe()
+        # The abstract socket stays: -displayfd picks a display whose sockets it can bind, and only the abstract
+        # one is refused while another server holds that number (the filesystem one is unlinked and taken over).
+        # Sessions can't reach it from their own network namespace, and without the cookie it lets nobody in.
         xvfb = subprocess.Popen(
-            [*run_as, "Xvfb", "-displayfd", str(write_fd), "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp",
-             "+extension", "XTEST", "-noreset"],
-            pass_fds=(write_fd,), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            [*_run_as(user), "Xvfb", "-displayfd", str(write_fd), "-screen", "0", f"{width}x{height}x24",
+             "-auth", f"/proc/self/fd/{auth_fd}", "-nolisten", "tcp", "+extension", "XTEST", "-noreset"],
+            pass_fds=(write_fd, auth_fd), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )  # fmt: skip
         os.close(write_fd)
+        os.close(auth_fd)
         display = _read_display(read_fd, xvfb, timeout)
+        if not _refuses_strangers(display):
+            _stop_group(xvfb)
+            raise DesktopError(f"the X server of :{display} let a client in without its cookie")
+        _write_xauthority(xauthority, {display: cookie}, owner=user)  # now with the display clients look it up by
+        SERVICE_AUTHORITY.add(display, cookie)
+        user = user.with_display(display, xauthority) if user else None
         desktop = cls(display, width, height, home / ".vnc.sock", home, {"xvfb": xvfb}, user=user)
         desktop.vnc_socket.unlink(missing_ok=True)
-        env = desktop.env()
         try:
-            quiet = {"env": env, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "start_new_session": True}
-            desktop.processes["wm"] = subprocess.Popen([*run_as, "openbox", "--sm-disable"], cwd=home, **quiet)
+            quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "start_new_session": True}
+            # Confined like the session's own commands: openbox's menus start programs, and x11vnc must not be a
+            # way out either.
+            desktop.processes["wm"] = desktop._popen(["openbox", "--sm-disable"], **quiet)
             vnc = ["x11vnc", "-display", f":{display}", "-unixsock", str(desktop.vnc_socket), "-rfbport", "0"]
             vnc += ["-rfbportv6", "-1", "-noipv6", "-forever", "-shared", "-nopw", "-quiet", "-noxdamage"]
-            desktop.processes["vnc"] = subprocess.Popen([*run_as, *vnc], **quiet)
+            # No remote control through X properties the session's applications could set; no MIT-SHM, which needs
+            # the X server's IPC namespace.
+            vnc += ["-noremote", "-noshm"]
+            desktop.processes["vnc"] = desktop._popen(vnc, **quiet)
             desktop._connect()
             desktop._wait_for_window_manager(timeout)
         except BaseException:
@@ -117,12 +151,22 @@ class Desktop:
             raise
         return desktop
 
+    @property
+    def xauthority(self) -> Path:
+        """The file holding this display's cookie (the session's user alone may read it)."""
+        return self.home / ".Xauthority"
+
     def env(self) -> dict[str, str]:
         """The environment of a program shown on this desktop."""
         return {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "DISPLAY": f":{self.display}", "HOME": str(self.home),
-            "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
+            "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "XAUTHORITY": str(self.xauthority),
         }  # fmt: skip
+
+    def _popen(self, command: list[str], **kwargs: object) -> subprocess.Popen:
+        """Start a program on this desktop: confined as the session's user when there is one (see isolation.py)."""
+        argv = self.user.confine(command, env=self.env()) if self.user else command
+        return subprocess.Popen(argv, env=self.env(), cwd=self.home, **kwargs)  # type: ignore[call-overload]
 
     def _connect(self) -> None:
         self.x = xdisplay.Display(f":{self.display}")
@@ -159,11 +203,7 @@ class Desktop:
 
     def launch(self, command: list[str]) -> subprocess.Popen:
         """Start an application on this desktop (its process group is stopped with the desktop)."""
-        argv = self.user.confine(command, env=self.env()) if self.user else command
-        proc = subprocess.Popen(
-            argv, env=self.env(), cwd=self.home, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )  # fmt: skip
+        proc = self._popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         self.processes[f"app{len(self.processes)}"] = proc
         return proc
 
@@ -175,7 +215,8 @@ class Desktop:
         for proc in reversed(list(self.processes.values())):
             _stop_group(proc)
         self.processes.clear()
-        for path in (Path(f"/tmp/.X{self.display}-lock"), Path(f"/tmp/.X11-unix/X{self.display}"), self.vnc_socket):
+        SERVICE_AUTHORITY.remove(self.display)
+        for path in (Path(f"/tmp/.X{self.display}-lock"), x_socket(self.display), self.vnc_socket, self.xauthority):
             path.unlink(missing_ok=True)
         for handle in ("watch", "grabber", "x"):
             obj = self.__dict__.pop(handle, None)
@@ -371,6 +412,74 @@ class Desktop:
         self.x.sync()
         self.remapped[keysym] = code
         return code
+
+
+def _refuses_strangers(display: int) -> bool:
+    """Whether the X server on `display` turns away a client that brings no cookie (X11 connection setup, no
+    authorization: the first byte of the answer is 1 only when it lets the client in)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(5)
+        probe.connect(str(x_socket(display)))
+        probe.sendall(struct.pack("<cxHHHHxx", b"l", 11, 0, 0, 0))
+        return probe.recv(1) != b"\x01"
+
+
+def _xauthority_entries(cookies: dict[int | None, bytes]) -> bytes:
+    """Xauthority records (libXau's format) of each display's cookie, for this host's name and for any address.
+    A None display gives records the X server accepts but no client looks up (the number is not known yet)."""
+    out = b""
+    for display, cookie in cookies.items():
+        number = b"" if display is None else str(display).encode()
+        for family, address in ((FAMILY_LOCAL, socket.gethostname().encode()), (FAMILY_WILD, b"")):
+            out += struct.pack(">H", family)
+            for part in (address, number, COOKIE_NAME, cookie):
+                out += struct.pack(">H", len(part)) + part
+    return out
+
+
+def _write_xauthority(path: Path, cookies: dict[int | None, bytes], *, owner: SessionUser | None = None) -> None:
+    """Replace `path` at once (readers never see half a file) with these cookies, mode 0600, owned by `owner`."""
+    fd, temporary = tempfile.mkstemp(prefix=".Xauthority-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(_xauthority_entries(cookies))
+        if owner is not None:
+            os.chown(temporary, owner.uid, owner.gid)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+class ServiceAuthority:
+    """This process's own X authority file: the cookie of every desktop it runs, for its own X connections.
+
+    python-xlib and mss (libxcb) read the cookie from $XAUTHORITY when they connect, so from the first desktop on
+    XAUTHORITY names this file: mode 0600 in a private directory, removed when the process exits.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.cookies: dict[int | None, bytes] = {}
+        self.path: Path | None = None
+
+    def add(self, display: int, cookie: bytes) -> None:
+        with self.lock:
+            if self.path is None:
+                directory = Path(tempfile.mkdtemp(prefix="sandbox-xauth-"))
+                atexit.register(shutil.rmtree, directory, ignore_errors=True)
+                self.path = directory / "Xauthority"
+                os.environ["XAUTHORITY"] = str(self.path)
+            self.cookies[display] = cookie
+            _write_xauthority(self.path, self.cookies)
+
+    def remove(self, display: int) -> None:
+        with self.lock:
+            if self.cookies.pop(display, None) is not None and self.path is not None:
+                _write_xauthority(self.path, self.cookies)
+
+
+SERVICE_AUTHORITY = ServiceAuthority()
 
 
 def _run_as(user: SessionUser | None) -> list[str]:

@@ -2,7 +2,9 @@
 
 A session's commands see the machine read-only except their own home; the service's code, data and secrets, other
 sessions' homes and /root are hidden behind empty tmpfs mounts; they live in their own PID namespace (they can't
-see or signal anyone else's processes) and under per-user process and memory limits.
+see or signal anyone else's processes), their own network namespace (only a loopback of their own: no route to the
+host's PostgreSQL, Redis, sandbox service or policy server, nor anywhere else) and under per-user process and
+memory limits. Of the X sockets they see only their own display's, which wants the cookie in their own home.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import pwd
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -43,6 +45,12 @@ class SessionUser:
     home: Path
     hidden: tuple[Path, ...] = field(default=())  # paths masked from this session's commands
     cgroup: Path | None = None  # memory cgroup every process of the session joins, when the host offers one
+    display: int | None = None  # the session's own X display: the only X socket its commands see
+    xauthority: Path | None = None  # the cookie of that display (in the home, readable by this user alone)
+
+    def with_display(self, display: int, xauthority: Path) -> SessionUser:
+        """This user once its desktop runs: its commands get that display's socket, DISPLAY and XAUTHORITY."""
+        return replace(self, display=display, xauthority=xauthority)
 
     def join_cgroup(self) -> list[str]:
         """A prefix that moves the command into the session's memory cgroup before it runs (empty without one)."""
@@ -59,7 +67,8 @@ class SessionUser:
         env: dict[str, str] | None = None,
     ) -> list[str]:
         """`command` wrapped to run as this user, in bubblewrap, under `limits`. The environment is cleared (the
-        service's holds its secrets) down to PATH, HOME, USER, LANG and `env`."""
+        service's holds its secrets) down to PATH, HOME, USER, LANG, DISPLAY and XAUTHORITY of its display, and
+        `env`."""
         limits = limits or Limits()
         wrapper = [
             "bwrap",
@@ -78,18 +87,24 @@ class SessionUser:
         for path in self.hidden:
             if path.exists():
                 wrapper += ["--tmpfs", str(path)]
-        # Everything around it is hidden above; this session's home comes back, writable, and so do the X sockets.
+        # Everything around it is hidden above; this session's home comes back, writable, and so does its own X
+        # socket (no other display's; the abstract ones stay behind in the host's network namespace).
         wrapper += ["--bind", str(self.home), str(self.home)]
-        if Path("/tmp/.X11-unix").is_dir():
-            wrapper += ["--bind", "/tmp/.X11-unix", "/tmp/.X11-unix"]
-        wrapper += ["--unshare-pid", "--unshare-ipc", "--die-with-parent", "--new-session"]
-        wrapper += ["--chdir", str(cwd or self.home), "--clearenv"]
         variables = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
             "HOME": str(self.home),
             "USER": self.name,
             "LANG": "C.UTF-8",
         }
+        if self.display is not None:
+            socket = x_socket(self.display)
+            wrapper += ["--perms", "0755", "--dir", str(socket.parent), "--bind", str(socket), str(socket)]
+            variables["DISPLAY"] = f":{self.display}"
+            if self.xauthority is not None:
+                variables["XAUTHORITY"] = str(self.xauthority)
+        # Their own network namespace: a loopback of their own, no route to the host's loopback services or out.
+        wrapper += ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--die-with-parent", "--new-session"]
+        wrapper += ["--chdir", str(cwd or self.home), "--clearenv"]
         for name, value in {**variables, **(env or {})}.items():
             wrapper += ["--setenv", name, value]
         limit = ["prlimit", f"--nproc={limits.max_processes}", f"--nofile={limits.max_open_files}"]
@@ -100,6 +115,11 @@ class SessionUser:
     def drop_privileges(self) -> list[str]:
         """A prefix that runs the command as this user, with no supplementary groups and no way back up."""
         return ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups", "--no-new-privs", "--"]
+
+
+def x_socket(display: int) -> Path:
+    """The filesystem socket of X display `display`."""
+    return Path(f"/tmp/.X11-unix/X{display}")
 
 
 def isolation_available() -> bool:

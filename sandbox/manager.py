@@ -87,7 +87,8 @@ class SessionManager:
                 home.mkdir(parents=True, exist_ok=True)
                 browser = BrowserSession(home / ".browser-profile", *self.size, user=user)
                 return Session(session_id, None, user, browser=browser)
-            return Session(session_id, Desktop.start(home, *self.size, user=user), user)
+            desktop = Desktop.start(home, *self.size, user=user)
+            return Session(session_id, desktop, desktop.user)  # the user with its display: shells see that one
         except BaseException:
             if user:
                 delete_session_user(user)

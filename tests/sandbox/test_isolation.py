@@ -100,9 +100,7 @@ def _pids_of(uid: int, name: str) -> list[int]:
 
 def test_sessions_get_none_of_the_services_secrets(make_session):
     user = make_session()
-    port = os.environ.get("REDIS_PORT", "63790")
-    result = run_shell(user, f"env; redis-cli -h 127.0.0.1 -p {port} ping; cat {PROJECT_ROOT}/var/redis-password")
-    assert "NOAUTH" in result.stdout + result.stderr  # Redis wants the password, which the session never sees
+    result = run_shell(user, f"env; cat {PROJECT_ROOT}/var/redis-password {PROJECT_ROOT}/var/database-password")
     secrets = [os.environ[name] for name in ("REDIS_PASSWORD", "DATABASE_PASSWORD") if os.environ.get(name)]
     assert secrets and not any(secret in result.stdout for secret in secrets)
     names = sorted(line.split("=")[0] for line in result.stdout.splitlines() if "=" in line and line[0].isupper())

@@ -1,9 +1,7 @@
 """The session manager with real desktops, users and Redis leases: pool, capacity, loss and reclaim."""
 
 import subprocess
-import threading
 import time
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -12,7 +10,7 @@ from sandbox.desktop import available
 from sandbox.isolation import isolation_available
 from sandbox.leases import LeaseStore, NoCapacity, NotLeaseOwner
 from sandbox.manager import SessionLost, SessionManager
-from sandbox.sdk import run_shell
+from sandbox.sdk import Files, run_shell
 
 from ..waiting import wait_for
 
@@ -65,20 +63,16 @@ def test_expired_leases_are_reclaimed(manager):
     assert manager.sessions == {}
 
 
-def test_browser_sessions_run_chromium_as_the_session_user_and_keep_downloads(manager, tmp_path):
-    (tmp_path / "site").mkdir()
-    (tmp_path / "site" / "report.csv").write_text("a,b\n1,2\n")
-    (tmp_path / "site" / "index.html").write_text('<a id="dl" href="report.csv" download>get</a>')
-    handler = lambda *a, **kw: SimpleHTTPRequestHandler(*a, directory=str(tmp_path / "site"), **kw)  # noqa: E731
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+def test_browser_sessions_run_chromium_as_the_session_user_and_keep_downloads(manager):
     session = manager.allocate("alice", ttl_s=60, kind="browser")
-    try:
-        uids = subprocess.run(["pgrep", "-u", str(session.user.uid), "-f", "chromium"], capture_output=True, text=True)
-        assert uids.stdout.split(), "no Chromium runs as the session user"
-        session.browser.new_page(f"http://127.0.0.1:{server.server_address[1]}/index.html")
-        session.browser.execute(Click(Point(10, 10)))
-        assert wait_for(lambda: (session.user.home / "Downloads" / "report.csv").exists())
-        assert run_shell(session.user, "cat Downloads/report.csv").stdout == "a,b\n1,2\n"
-    finally:
-        server.shutdown()
+    # Chromium has the session's network namespace (no route to the host), so the task's page is a file in the
+    # session, as OSWorld's upload_file puts it there.
+    files = Files(session.user)
+    files.write("site/report.csv", b"a,b\n1,2\n")
+    files.write("site/index.html", b'<a id="dl" href="report.csv" download>get</a>')
+    uids = subprocess.run(["pgrep", "-u", str(session.user.uid), "-f", "chromium"], capture_output=True, text=True)
+    assert uids.stdout.split(), "no Chromium runs as the session user"
+    session.browser.new_page(f"file://{session.user.home}/site/index.html")
+    session.browser.execute(Click(Point(10, 10)))
+    assert wait_for(lambda: (session.user.home / "Downloads" / "report.csv").exists())
+    assert run_shell(session.user, "cat Downloads/report.csv").stdout == "a,b\n1,2\n"

@@ -3,10 +3,8 @@
 import io
 import subprocess
 import sys
-import threading
 import time
 import uuid
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import redis
@@ -111,18 +109,15 @@ def test_a_killed_x_server_loses_the_session(client):
         client.release(sid)
 
 
-def test_browser_sessions_navigate_verify_and_evaluate(client, tmp_path):
-    (tmp_path / "game.html").write_text(
-        '<html><body style="margin:0"><button style="width:400px;height:200px" '
-        'onclick="window.score=(window.score||0)+1">+1</button></body></html>'
-    )
-    handler = lambda *a, **kw: SimpleHTTPRequestHandler(*a, directory=str(tmp_path), **kw)  # noqa: E731
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/game.html"
+def test_browser_sessions_navigate_verify_and_evaluate(client):
     session = client.allocate(ttl_s=60, kind="browser")
     sid = session["session_id"]
     try:
+        # Chromium has the session's network namespace (no route to the host): the page is a file in the session.
+        page = b'<html><body style="margin:0"><button style="width:400px;height:200px" '
+        page += b'onclick="window.score=(window.score||0)+1">+1</button></body></html>'
+        client.write_file(sid, "game.html", page)
+        url = f"file://{client.shell(sid, 'pwd')['stdout'].strip()}/game.html"
         assert session["kind"] == "browser"
         client.setup(sid, [{"type": "chrome_open_tabs", "parameters": {"urls_to_open": [url]}}])
         client.step(sid, "click(start_box='(100,50)')\n\nclick(start_box='(100,50)')", coordinates="screen")
@@ -137,7 +132,6 @@ def test_browser_sessions_navigate_verify_and_evaluate(client, tmp_path):
             client.vnc_token(sid, user="user:1")
     finally:
         client.release(sid)
-        server.shutdown()
 
 
 def test_think_aloud_capture_records_the_desktop_and_hands_back_the_archive(client):
