@@ -12,13 +12,44 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import jiwer
 import numpy as np
 import soundfile
 from PIL import Image, ImageDraw
+from whisper.normalizers import EnglishTextNormalizer
 
 from annotation_app.insitu.audio import SAMPLE_RATE, load_audio
 
 SCREEN = (640, 400)
+
+# The scripted session's sentences, one per step. Each is long enough (10+ words) that tiny.en recognises it within
+# the WER bound on any CPU: its int8 kernels differ between CPUs, and a 3-word phrase may come out as other words.
+SCRIPT = (
+    "I will open the file menu first to find the rename command",
+    "now I type the new report title into the name field at the top",
+    "that looks done to me so the task is finished and I can stop",
+)
+SCRIPT_WER = 0.35  # the bound on each step's thought against its sentence (10-14 words: up to 3-4 words wrong)
+
+normalize = EnglishTextNormalizer()  # Whisper's own: case, punctuation, British/American spelling ("greyed")
+
+
+def wer(reference: str, hypothesis: str) -> float:
+    """Word error rate as bench/asr.py measures it: jiwer after Whisper's English normaliser."""
+    return jiwer.wer(normalize(reference), normalize(hypothesis))
+
+
+@dataclass(frozen=True)
+class Phrase:
+    """Speech placed on the audio track: from `start` for `duration` seconds (capture clock)."""
+
+    start: float
+    text: str
+    samples: np.ndarray
+
+    @property
+    def end(self) -> float:
+        return self.start + len(self.samples) / SAMPLE_RATE
 
 
 def speech(text: str, tmp: Path) -> np.ndarray:
@@ -36,7 +67,7 @@ class CaptureBuilder:
     session_id: str = field(default_factory=lambda: str(uuid.uuid4()))
     events: list[dict] = field(default_factory=list)
     frames: dict[str, bytes] = field(default_factory=dict)
-    phrases: list[tuple[float, str]] = field(default_factory=list)
+    phrases: list[Phrase] = field(default_factory=list)
     instruction: str = "Rename the report"
     task_id: int | None = None
 
@@ -63,15 +94,17 @@ class CaptureBuilder:
             self.event(t + 0.1 * i, "key_down", key=ch)
             self.event(t + 0.1 * i + 0.05, "key_up", key=ch)
 
-    def say(self, t: float, text: str) -> None:
-        self.phrases.append((t, text))
+    def say(self, t: float, text: str) -> Phrase:
+        """Speak `text` from capture time `t` (synthesised now, so its end is known)."""
+        phrase = Phrase(t, text, speech(text, self.tmp))
+        self.phrases.append(phrase)
+        return phrase
 
     def audio(self, length: float) -> np.ndarray:
         track = np.zeros(int(length * SAMPLE_RATE), dtype=np.float32)
-        for t, text in self.phrases:
-            voice = speech(text, self.tmp)
-            start = int(t * SAMPLE_RATE)
-            track[start : start + len(voice)] = voice[: len(track) - start]
+        for phrase in self.phrases:
+            start = int(phrase.start * SAMPLE_RATE)
+            track[start : start + len(phrase.samples)] = phrase.samples[: len(track) - start]
         return track
 
     def archive(
@@ -81,7 +114,7 @@ class CaptureBuilder:
         end = max(e["t"] for e in self.events) + 1.0 if self.events else 1.0
         if audio is None and self.phrases:
             out = io.BytesIO()
-            soundfile.write(out, self.audio(max(end, max(t for t, _ in self.phrases) + 4)), SAMPLE_RATE, format="WAV")
+            soundfile.write(out, self.audio(max(end, max(p.end for p in self.phrases) + 2)), SAMPLE_RATE, format="WAV")
             audio = out.getvalue()
         meta = {
             "format": 1,
@@ -140,13 +173,14 @@ def upload(client, data: bytes, session_id: str, *, chunk: int = 64 * 1024, **st
 
 
 def scripted(tmp_path) -> CaptureBuilder:
-    """Say a phrase, click; say a phrase, type; say a closing phrase."""
+    """Say a sentence, click; say a sentence, type; say a closing sentence (SCRIPT). Each action comes 1.5 s after
+    the sentence before it ends, so every word belongs to one step by time."""
     b = CaptureBuilder(tmp_path)
     b.frame(0.0, "start")
-    b.say(0.5, "I will open the file menu")
-    b.click(5.0, 100, 200)
-    b.say(6.0, "now I type the report title")
-    b.type(10.5, "Report")
-    b.say(12.5, "that looks done")
-    b.event(16.0, "move", x=5, y=5)
+    said = b.say(0.5, SCRIPT[0])
+    b.click(said.end + 1.5, 100, 200)
+    said = b.say(said.end + 2.5, SCRIPT[1])
+    b.type(said.end + 1.5, "Report")
+    said = b.say(said.end + 3.0, SCRIPT[2])
+    b.event(said.end + 2.0, "move", x=5, y=5)
     return b

@@ -10,29 +10,26 @@ from pathlib import Path
 
 import av
 import ctranslate2
-import jiwer
 import numpy as np
 import pytest
 import soundfile
 import torch
 import whisper
 from ctranslate2.specs import common_spec, model_spec
-from whisper.normalizers import EnglishTextNormalizer
 
 from annotation_app.insitu import asr, whisper_weights
 from annotation_app.insitu.asr import FASTER_WHISPER, OPENAI_WHISPER, Transcript, get_transcriber
 from annotation_app.insitu.audio import SAMPLE_RATE, AudioError, duration_seconds, load_audio, probe_duration
 
-FIRST = "I need to open the file menu first"
+from .captures import SCRIPT_WER, normalize, wer
+
+# Sentences long enough (10+ words) for tiny.en to hear them within the WER bound on any CPU: its int8 kernels differ
+# between CPUs, so no test depends on the exact words it hears.
+FIRST = "I need to open the file menu first to find the export option"
 SECOND = "the save button is greyed out so I will try the keyboard shortcut"
 LEAD, GAP, TAIL = 12.0, 6.0, 2.0  # seconds of silence before, between and after the two sentences
 PAD = asr.VadSettings().speech_pad_ms / 1000  # VAD regions start this much before the detected speech
-
-normalize = EnglishTextNormalizer()  # Whisper's own: case, punctuation, British/American spelling ("greyed")
-
-
-def wer(reference: str, hypothesis: str) -> float:
-    return jiwer.wer(normalize(reference), normalize(hypothesis))
+SLACK = 0.5  # seconds a word's time may lie outside its sentence beyond the VAD padding (Whisper's word timing)
 
 
 def silence(seconds: float) -> np.ndarray:
@@ -108,15 +105,20 @@ def test_word_times_are_monotonic_and_inside_the_audio(results, think_aloud, bac
 
 @pytest.mark.parametrize("backend", asr.BACKENDS)
 def test_words_are_mapped_back_past_the_silence_vad_removed(results, speech, backend):
-    """Only speech is decoded, yet words land where they were said: after 12 s, and the second sentence after 6 more."""
+    """Only speech is decoded, yet words land where they were said: the first sentence's after 12 s of silence, the
+    second's 6 s later, none in the silences; the words heard in each span are that sentence."""
     transcript, _ = results[backend]
     first_end = LEAD + duration_seconds(speech[FIRST])
     second_start = first_end + GAP
-    by_text = {normalize(word.text): word for word in transcript.words}
-    assert all(word.start >= LEAD - PAD - 0.05 for word in transcript.words)
-    assert LEAD <= by_text["menu"].start < by_text["menu"].end <= first_end
-    assert second_start <= by_text["keyboard"].start < by_text["keyboard"].end <= second_start + 4.5
-    assert sum(word.start < first_end for word in transcript.words) == len(FIRST.split())
+    spans = {FIRST: (LEAD, first_end), SECOND: (second_start, second_start + duration_seconds(speech[SECOND]))}
+    heard: dict[str, list[str]] = {FIRST: [], SECOND: []}
+    for word in transcript.words:
+        inside = [text for text, (start, end) in spans.items() if start - PAD - SLACK <= word.start <= end + SLACK]
+        sentence = inside[0] if inside and word.end <= spans[inside[0]][1] + SLACK else None
+        assert sentence is not None, f"{word} lies in a silence"
+        heard[sentence].append(word.text)
+    for sentence, words in heard.items():
+        assert wer(sentence, " ".join(words)) <= SCRIPT_WER, (sentence, words)
 
 
 @pytest.mark.parametrize("backend", asr.BACKENDS)
@@ -169,7 +171,7 @@ def test_converted_model_matches_ctranslate2(speech, whisper_cache):
     options = whisper.DecodingOptions(language="en", without_timestamps=True, fp16=False)
     torch_text = whisper.decode(converted, mel[0], options).text
     assert normalize(torch_text) == normalize(tokenizer.decode(tokens))
-    assert wer(SECOND, torch_text) <= 0.25
+    assert wer(SECOND, torch_text) <= SCRIPT_WER
 
 
 def test_conversion_is_cached_by_checksum(whisper_cache):
@@ -270,7 +272,7 @@ def test_load_audio_decodes_browser_formats(speech, transcribers, fmt, codec):
     assert decoded.dtype == np.float32 and decoded.ndim == 1
     assert abs(len(decoded) - len(original)) < 0.03 * SAMPLE_RATE
     if fmt == "webm":
-        assert wer(FIRST, transcribers[FASTER_WHISPER].transcribe(decoded).text) <= 0.25
+        assert wer(FIRST, transcribers[FASTER_WHISPER].transcribe(decoded).text) <= SCRIPT_WER
         assert probe_duration(data) == pytest.approx(duration_seconds(original), abs=0.05)
 
 
