@@ -35,7 +35,7 @@ from .trajectories import Conflict, Invalid, start_trajectory, submit
 
 log = logging.getLogger(__name__)
 
-ENDING_ACTIONS = {"finished": "finished", "call_user": "call_user"}
+ENDING_ACTIONS = {"finished": "finished", "call_user": "call_user", "fail": "fail"}  # sandbox.actions.TERMINAL_ACTIONS
 
 
 def group(trajectory_id: int) -> str:
