@@ -1,7 +1,7 @@
 """Settings, all read from the environment (see docs/operations.md for the full list).
 
 Development defaults let `scripts/run` work out of the box; production (DJANGO_ENV=production) refuses to start
-with DEBUG on or without its own secret key.
+with DEBUG on, without its own secret key, or with a database password that is empty or the old public default.
 """
 
 import os
@@ -34,11 +34,23 @@ ENVIRONMENT = env("DJANGO_ENV", "development")
 SECRET_KEY = env("DJANGO_SECRET_KEY", DEV_SECRET_KEY)
 DEBUG = env_bool("DJANGO_DEBUG", ENVIRONMENT == "development")
 
+# scripts/env.sh makes each installation its own (var/database-password); this one was once everyone's default.
+PUBLIC_DATABASE_PASSWORD = "annotation-local"
+DATABASE_PASSWORD = env("DATABASE_PASSWORD")
+PGHOST = env("PGHOST", "127.0.0.1")
+
 if ENVIRONMENT == "production":
     if DEBUG:
         raise ImproperlyConfigured("DJANGO_DEBUG must be off when DJANGO_ENV=production.")
     if SECRET_KEY == DEV_SECRET_KEY or len(SECRET_KEY) < 32:
         raise ImproperlyConfigured("Set DJANGO_SECRET_KEY (at least 32 characters) when DJANGO_ENV=production.")
+    # An empty password is fine only over PostgreSQL's unix socket (peer authentication), never over TCP.
+    if DATABASE_PASSWORD == PUBLIC_DATABASE_PASSWORD or (not DATABASE_PASSWORD and not PGHOST.startswith("/")):
+        raise ImproperlyConfigured(
+            "Set DATABASE_PASSWORD to this installation's own password when DJANGO_ENV=production, not empty and "
+            f"not the public default {PUBLIC_DATABASE_PASSWORD!r} (scripts/env.sh makes one in var/database-password "
+            "and scripts/services gives it to the database role)."
+        )
 
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
 CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS")
@@ -102,8 +114,8 @@ DATABASES = {
         "ENGINE": "django.db.backends.postgresql",
         "NAME": env("DATABASE_NAME", "annotation"),
         "USER": env("DATABASE_USER", "annotation"),
-        "PASSWORD": env("DATABASE_PASSWORD", "annotation-local"),
-        "HOST": env("PGHOST", "127.0.0.1"),
+        "PASSWORD": DATABASE_PASSWORD,
+        "HOST": PGHOST,
         "PORT": env("PGPORT", "54320"),
         # Under ASGI each request runs in a thread of its own, so Django's persistent connections (CONN_MAX_AGE)
         # would pile up, one per thread; a psycopg pool per process reuses connections safely instead.

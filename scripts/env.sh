@@ -9,14 +9,17 @@ export PGHOST="${PGHOST:-127.0.0.1}"
 export PGPORT="${PGPORT:-54320}"
 export DATABASE_NAME="${DATABASE_NAME:-annotation}"
 export DATABASE_USER="${DATABASE_USER:-annotation}"
-export DATABASE_PASSWORD="${DATABASE_PASSWORD:-annotation-local}"
 export REDIS_PORT="${REDIS_PORT:-63790}"
-# Redis requires a password, made once and kept private under var/: sandbox sessions share the loopback network.
-if [ -z "${REDIS_PASSWORD:-}" ]; then
+# The database's and Redis's passwords: made once per installation and kept private under var/ (mode 0600), never
+# a default anyone can read in the code. scripts/services gives the database role its password.
+secret_in_var() {
   mkdir -p "$VAR"
-  [ -s "$VAR/redis-password" ] || (umask 077 && "$PYTHON" -c "import secrets; print(secrets.token_hex(24))" >"$VAR/redis-password")
-  REDIS_PASSWORD="$(cat "$VAR/redis-password")"
-fi
+  [ -s "$VAR/$1" ] || (umask 077 && "$PYTHON" -c "import secrets; print(secrets.token_hex(24))" >"$VAR/$1")
+  cat "$VAR/$1"
+}
+[ -n "${DATABASE_PASSWORD:-}" ] || DATABASE_PASSWORD="$(secret_in_var database-password)"
+export DATABASE_PASSWORD
+[ -n "${REDIS_PASSWORD:-}" ] || REDIS_PASSWORD="$(secret_in_var redis-password)"
 export REDIS_PASSWORD
 export REDISCLI_AUTH="$REDIS_PASSWORD"
 export REDIS_URL="${REDIS_URL:-redis://:$REDIS_PASSWORD@127.0.0.1:$REDIS_PORT}"
