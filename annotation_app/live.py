@@ -4,6 +4,11 @@ The rules live here, callable from views, the API, Celery tasks and tests alike:
 `open_live` → (Celery) `start` leases a sandbox and runs the task setup → `propose` asks the trajectory's model for
 candidates → `take_step` runs the chosen or typed action and stores the step → … → `end_live` releases the lease.
 Every step is stored when it happens, so a closed tab or a lost connection loses nothing.
+
+Frames: the live session works in the model image's frame (the screenshot the model saw, its proposals and the
+annotator's overrides typed on that screenshot); a step is stored in screen pixels (see Step). `frame_of` is the
+conversion between the two, done here at the model boundary only: proposals and overrides when a step is stored,
+the stored history when it is sent to the model.
 """
 
 from __future__ import annotations
@@ -19,23 +24,29 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.core.files.base import ContentFile
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from flywheel.models import ModelVersion
-from sandbox.actions import ActionSyntaxError, parse_actions
-from sandbox.client import ActionError, SandboxClient, SandboxError, SessionGoneError
+from sandbox.actions import ActionSyntaxError, action_to_dict, format_actions, parse_actions
+from sandbox.client import ActionError, SandboxClient, SandboxError, SessionGoneError, StepResult
 from sandbox.client import connection as sandbox_connection
+from sandbox.coordinates import ScreenMapping, map_points, mapping_for
 from training.policy.client import PolicyClient, PolicyError, Proposal, proposal_of
 from training.policy.client import connection as policy_connection
 from training.policy.prompts import Turn, build_messages
 
+from . import candidates as shapes
 from .models import LiveSession, Step, Task, Trajectory, User
 from .trajectories import Conflict, Invalid, start_trajectory, submit
 
 log = logging.getLogger(__name__)
 
 ENDING_ACTIONS = {"finished": "finished", "call_user": "call_user", "fail": "fail"}  # sandbox.actions.TERMINAL_ACTIONS
+# A step still 'executing' this long after it was stored was left by a process that stopped while running it (the
+# sandbox client's own timeout is 300 s): its outcome is recorded as unknown.
+STALE_EXECUTING_S = 600
+FAILED_TAIL = "the step is kept as failed and the session has ended; the steps before it are stored."
 
 
 def group(trajectory_id: int) -> str:
@@ -180,15 +191,28 @@ def fail(live: LiveSession, message: str) -> None:
 # --- proposals -------------------------------------------------------------------------------------------------------
 
 
-def history_of(trajectory: Trajectory, keep_images: int) -> list[Turn]:
-    steps = list(trajectory.steps.order_by("index"))
+def frame_of(live: LiveSession) -> ScreenMapping:
+    """Model frame <-> screen pixels for this session: the frame the sandbox sized its screenshots for."""
+    trajectory = live.trajectory
+    return mapping_for(trajectory.screen_width, trajectory.screen_height, live.model_width, live.model_height)
+
+
+def in_frame(action_text: str, convert: Any) -> tuple[str, list[dict[str, Any]]]:
+    """Parsed `action_text` with every point passed through `convert`: (canonical text, typed actions)."""
+    actions = map_points(parse_actions(action_text), convert)
+    return format_actions(actions), [action_to_dict(a) for a in actions]
+
+
+def history_of(trajectory: Trajectory, keep_images: int, mapping: ScreenMapping) -> list[Turn]:
+    """The steps so far as the model reads them: stored screen pixels converted to its frame through `mapping`."""
+    steps = list(trajectory.steps.filter(status=Step.Status.DONE).order_by("index"))
     turns = []
     for n, step in enumerate(steps):
         image = None
         if n >= len(steps) - (keep_images - 1) and step.screenshot:
             with step.screenshot.open("rb") as f:
                 image = f.read()
-        turns.append(Turn(image, step.thought, step.action_text))
+        turns.append(Turn(image, step.thought, in_frame(step.action_text, mapping.to_model)[0]))
     return turns
 
 
@@ -205,7 +229,7 @@ def propose(live_id: int, index: int) -> None:
         screenshot = f.read()
     messages = build_messages(
         trajectory.task.instruction,
-        history_of(trajectory, settings.LIVE_KEEP_IMAGES),
+        history_of(trajectory, settings.LIVE_KEEP_IMAGES, frame_of(live)),
         screenshot,
         keep_images=settings.LIVE_KEEP_IMAGES,
     )
@@ -232,7 +256,7 @@ def propose(live_id: int, index: int) -> None:
         if updated:
             push(trajectory.pk, "proposals", index=index, candidates=[], error=str(exc))
         return
-    candidates = [{**p.as_dict(), "model": batch.model} for p in batch.proposals]
+    candidates = [shapes.from_proposal(p, batch.model) for p in batch.proposals]
     ready_at = timezone.now()
     updated = LiveSession.objects.filter(pk=live.pk, next_index=index, status=LiveSession.Status.ACTIVE).update(
         proposals=LiveSession.Proposals.READY,
@@ -275,57 +299,119 @@ def take_step(
 ) -> Step:
     """Run the accepted candidate (or the annotator's override) in the sandbox and store the step.
 
-    Nothing runs unless the action is valid; a double submit of the same step gets a Conflict."""
+    Nothing runs unless the action is valid; a double submit of the same step gets a Conflict. The step is stored
+    'executing' before its action is sent, outside the row lock, and completed after it ran: the stored steps never
+    fall behind the desktop. An action whose result cannot be recorded leaves its step 'failed' (the desktop may have
+    run it) and ends the session, so the trajectory says where its record stops."""
+    step = _reserve_step(live, expected_index, candidate, thought, action_text)
+    client = sandbox_for(live.trajectory_id)
+    try:
+        result = client.step(live.sandbox_session_id, step.action_text, coordinates="screen")
+    except ActionError as exc:  # refused before anything ran
+        _unreserve(step)
+        raise Invalid(f"The sandbox refused the action: {exc.detail}") from exc
+    except SessionGoneError:
+        _unreserve(step)
+        end_live(live, "lease_lost", release=False)
+        raise Conflict("The sandbox session has ended (its lease expired or its desktop died).") from None
+    except SandboxError as exc:
+        if isinstance(exc.__cause__, httpx.ConnectError):  # never reached the service: nothing ran
+            _unreserve(step)
+            raise
+        _step_failed(live, step, f"the sandbox did not confirm the action: {exc.detail}")
+        raise Conflict(f"The sandbox did not confirm the action ({exc.detail}); {FAILED_TAIL}") from exc
+    finally:
+        client.close()
+    try:
+        live = _complete_step(live, step, result)
+    except (DatabaseError, OSError) as exc:
+        log.exception("live session %s: step %s ran but could not be recorded", live.pk, step.index)
+        _step_failed(live, step, f"the action ran but its result could not be recorded: {exc}")
+        raise Conflict(f"The action ran but its result could not be recorded; {FAILED_TAIL}") from exc
+    ending = next((ENDING_ACTIONS[a["type"]] for a in step.action["actions"] if a["type"] in ENDING_ACTIONS), None)
+    if ending:
+        end_live(live, ending)
+    elif live.status == LiveSession.Status.ACTIVE:
+        push(live.trajectory_id, "step", step=step_json(step), state=state_of(live))
+        request_proposals(live)  # the worker also renews the lease, off the annotator's path
+    return step
+
+
+def _reserve_step(
+    live: LiveSession, expected_index: int, candidate: int | None, thought: str, action_text: str
+) -> Step:
+    """Check the decision and store its step as 'executing', in screen pixels, under the session's row lock. A step
+    left 'executing' by a process that stopped while running it is settled as failed here."""
     with transaction.atomic():
         live = LiveSession.objects.select_for_update().select_related("trajectory").get(pk=live.pk)
         if live.status != LiveSession.Status.ACTIVE:
             raise Conflict(f"This live session is {live.get_status_display().lower()}; no more steps can be taken.")
         if expected_index != live.next_index:
             raise Conflict(f"Step {expected_index} was already taken; the session is at step {live.next_index}.")
-        if candidate is not None:
-            if live.proposals != LiveSession.Proposals.READY or not 0 <= candidate < len(live.candidates):
-                raise Invalid(f"There is no proposal {candidate + 1} to accept for this step.")
-            shown = live.candidates[candidate]
-            if shown["error"]:
-                raise Invalid(f"Proposal {candidate + 1} is invalid and cannot run: {shown['error']}")
-            checked = Proposal.from_dict(shown)
-            source = Step.Source.MODEL
-        else:
-            try:
-                checked = check_override(thought, action_text, live.model_width, live.model_height)
-            except ActionSyntaxError as exc:
-                raise Invalid(f"The action does not parse ({exc}).") from exc
-            source = Step.Source.HUMAN
-        with live.observation.open("rb") as f:
-            before = f.read()
-        client = sandbox_for(live.trajectory_id)
+        running = Step.objects.filter(trajectory_id=live.trajectory_id, index=live.next_index).first()
+        if running is None:
+            return _store_executing(live, candidate, thought, action_text)
+        if running.created_at > timezone.now() - timedelta(seconds=STALE_EXECUTING_S):
+            raise Conflict(f"Step {expected_index} is being run now.")
+    _step_failed(live, running, "its result was never recorded (the process running it stopped)")
+    raise Conflict(f"Step {running.index} was never completed; {FAILED_TAIL}")
+
+
+def _store_executing(live: LiveSession, candidate: int | None, thought: str, action_text: str) -> Step:
+    """The step of this decision, stored 'executing' (the caller holds the session's row lock)."""
+    if candidate is not None:
+        if live.proposals != LiveSession.Proposals.READY or not 0 <= candidate < len(live.candidates):
+            raise Invalid(f"There is no proposal {candidate + 1} to accept for this step.")
+        shown = live.candidates[candidate]
+        if shown["error"]:
+            raise Invalid(f"Proposal {candidate + 1} is invalid and cannot run: {shown['error']}")
+        checked = Proposal.from_dict(shown)
+        source = Step.Source.MODEL
+    else:
         try:
-            result = client.step(live.sandbox_session_id, checked.action_text)
-        except ActionError as exc:
-            raise Invalid(f"The sandbox refused the action: {exc.detail}") from exc
-        except SessionGoneError:
-            transaction.on_commit(lambda: end_live(live, "lease_lost", release=False))
-            raise Conflict("The sandbox session has ended (its lease expired or its desktop died).") from None
-        finally:
-            client.close()
+            checked = check_override(thought, action_text, live.model_width, live.model_height)
+        except ActionSyntaxError as exc:
+            raise Invalid(f"The action does not parse ({exc}).") from exc
+        source = Step.Source.HUMAN
+    mapping = frame_of(live)
+    screen_text, screen_actions = in_frame(checked.action_text, mapping.to_screen)
+    with live.observation.open("rb") as f:
+        before = f.read()
+    step = Step(
+        trajectory=live.trajectory,
+        index=live.next_index,
+        thought=checked.thought,
+        action_text=screen_text,
+        action={"actions": screen_actions},
+        source=source,
+        status=Step.Status.EXECUTING,
+        candidates=[shapes.to_screen(c, mapping) for c in live.candidates],
+        chosen_candidate=candidate,
+        model_version_id=live.trajectory.model_version_id,
+        screenshot_sha256=hashlib.sha256(before).hexdigest(),
+        started_at=live.proposals_ready_at,
+        model_latency_ms=live.proposal_latency_ms,
+    )
+    step.screenshot.save("step.jpg", ContentFile(before), save=False)
+    step.save()
+    return step
+
+
+def _unreserve(step: Step) -> None:
+    """Forget a step whose action never ran."""
+    if Step.objects.filter(pk=step.pk, status=Step.Status.EXECUTING).delete()[0]:
+        step.screenshot.delete(save=False)
+
+
+def _complete_step(live: LiveSession, step: Step, result: StepResult) -> LiveSession:
+    """Record that the step's action ran: the step is done and the session moves on to the next screen."""
+    with transaction.atomic():
+        live = LiveSession.objects.select_for_update().select_related("trajectory").get(pk=live.pk)
         now = timezone.now()
-        step = Step(
-            trajectory=live.trajectory,
-            index=live.next_index,
-            thought=checked.thought,
-            action_text=checked.action_text,
-            action={"actions": checked.actions},
-            source=source,
-            candidates=live.candidates,
-            chosen_candidate=candidate,
-            model_version_id=live.trajectory.model_version_id,
-            screenshot_sha256=hashlib.sha256(before).hexdigest(),
-            started_at=live.proposals_ready_at,
-            finished_at=now,
-            model_latency_ms=live.proposal_latency_ms,
-        )
-        step.screenshot.save("step.jpg", ContentFile(before), save=False)
-        step.save()
+        Step.objects.filter(pk=step.pk).update(status=Step.Status.DONE, finished_at=now)
+        step.status, step.finished_at = Step.Status.DONE, now
+        if live.status != LiveSession.Status.ACTIVE or live.next_index != step.index:
+            return live  # ended while the action ran: the step is stored, the session stays as it is
         live.next_index += 1
         if result.observation_jpeg:
             live.observation.save(f"obs-{live.next_index:05d}.jpg", ContentFile(result.observation_jpeg), save=False)
@@ -334,13 +420,26 @@ def take_step(
         live.lease_expires_at = now + timedelta(seconds=settings.LIVE_LEASE_TTL_S)
         live.save()
         Trajectory.objects.filter(pk=live.trajectory_id).update(updated_at=now)
-    ending = next((ENDING_ACTIONS[a["type"]] for a in checked.actions if a["type"] in ENDING_ACTIONS), None)
-    if ending:
-        end_live(live, ending)
-    else:
-        push(live.trajectory_id, "step", step=step_json(step), state=state_of(live))
-        request_proposals(live)  # the worker also renews the lease, off the annotator's path
-    return step
+    return live
+
+
+def _step_failed(live: LiveSession, step: Step, why: str) -> None:
+    """The step's action was sent but its result is not recorded: keep the step as failed and end the session (the
+    desktop may be one action ahead of the stored steps). Best effort: if even this cannot be written, the step
+    stays 'executing' and the next take_step settles it once it is stale."""
+    try:
+        with transaction.atomic():
+            locked = LiveSession.objects.select_for_update().get(pk=live.pk)
+            Step.objects.filter(pk=step.pk, status=Step.Status.EXECUTING).update(
+                status=Step.Status.FAILED, error=why, finished_at=timezone.now()
+            )
+            if locked.next_index == step.index:
+                LiveSession.objects.filter(pk=live.pk).update(next_index=step.index + 1)
+    except DatabaseError:
+        log.exception("live session %s: step %s could not be marked failed", live.pk, step.index)
+        return
+    step.status, step.error = Step.Status.FAILED, why
+    end_live(live, "step_failed")
 
 
 def end_live(live: LiveSession, reason: str, *, release: bool = True) -> LiveSession:

@@ -169,24 +169,44 @@ def recording_path(recording: Recording, filename: str) -> str:
 
 
 class Step(models.Model):
-    """One observation → thought → action turn of a trajectory."""
+    """One observation → thought → action turn of a trajectory.
+
+    Every step's action (`action_text`, `action`, and the points of its `candidates`) is in screen pixels of the
+    trajectory's `screen_width` x `screen_height`, whatever the screenshot's size and however the step was made.
+    Model frames (smart-resized, relative 0-1000) exist only at the model boundary (sandbox.coordinates)."""
 
     class Source(models.TextChoices):
         MODEL = "model", "Model (accepted)"
         HUMAN = "human", "Human"
+
+    class Status(models.TextChoices):
+        EXECUTING = "executing", "Executing"  # stored before its action was sent to the sandbox
+        DONE = "done", "Done"  # the action ran and its result was recorded
+        FAILED = "failed", "Failed"  # sent, but its result was never recorded: the desktop may have run it
 
     trajectory = models.ForeignKey(Trajectory, on_delete=models.CASCADE, related_name="steps")
     index = models.PositiveIntegerField()
     screenshot = models.FileField(upload_to=step_screenshot_path, blank=True)
     screenshot_sha256 = models.CharField(max_length=64, blank=True)
     thought = models.TextField(blank=True)
-    action_text = models.TextField(help_text="Canonical UI-TARS action text, e.g. click(start_box='(10,20)').")
+    action_text = models.TextField(
+        help_text="Canonical UI-TARS action text in screen pixels, e.g. click(start_box='(10,20)')."
+    )
     action = models.JSONField(default=dict, blank=True, help_text="The parsed, typed form of action_text.")
     source = models.CharField(max_length=10, choices=Source.choices, default=Source.HUMAN)
+    status = models.CharField(
+        max_length=10,
+        choices=Status.choices,
+        default=Status.DONE,
+        help_text="Live steps are stored 'executing' before their action runs, so the stored steps never fall behind "
+        "the desktop; 'failed' when the result could not be recorded.",
+    )
+    error = models.TextField(blank=True, help_text="Why a failed step's result was not recorded.")
     candidates = models.JSONField(
         default=list,
         blank=True,
-        help_text="Model proposals shown for this step: [{raw, thought, action_text, actions, points, error}].",
+        help_text="Model proposals shown for this step (annotation_app.candidates), in screen pixels: "
+        "[{thought, action_text, actions, points, raw, error, model}].",
     )
     chosen_candidate = models.PositiveSmallIntegerField(
         null=True, blank=True, help_text="Index into candidates of the accepted proposal; empty when overridden."
@@ -280,12 +300,16 @@ class LiveSession(models.Model):
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.STARTING)
     kind = models.CharField(max_length=10, default="desktop", help_text="Sandbox kind: desktop or browser.")
     sandbox_session_id = models.CharField(max_length=64, blank=True)
-    model_width = models.PositiveIntegerField(default=0, help_text="Size of the image the model sees.")
+    model_width = models.PositiveIntegerField(
+        default=0, help_text="Size of the image the model sees; proposals and overrides are in its frame."
+    )
     model_height = models.PositiveIntegerField(default=0)
     observation = models.FileField(upload_to=live_observation_path, blank=True)
     next_index = models.PositiveIntegerField(default=0)
     proposals = models.CharField(max_length=10, choices=Proposals.choices, default=Proposals.NONE)
-    candidates = models.JSONField(default=list, blank=True)
+    candidates = models.JSONField(
+        default=list, blank=True, help_text="The proposals for the next step (annotation_app.candidates), model frame."
+    )
     proposal_error = models.TextField(blank=True)
     proposal_latency_ms = models.PositiveIntegerField(null=True, blank=True)
     proposals_ready_at = models.DateTimeField(null=True, blank=True)

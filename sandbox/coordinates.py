@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 FACTOR = 28
 MIN_PIXELS = 100 * FACTOR * FACTOR
 MAX_PIXELS = 16384 * FACTOR * FACTOR
 MAX_ASPECT_RATIO = 200
+
+A = TypeVar("A")
 
 
 class CoordinateMode(StrEnum):
@@ -80,3 +82,30 @@ def pixel_of(mapping: ScreenMapping | None) -> Callable[[Any], tuple[int, int]]:
     if mapping is None:
         return lambda point: (round(point.x), round(point.y))
     return lambda point: mapping.to_screen(point.x, point.y)
+
+
+def mapping_for(screen_width: int, screen_height: int, model_width: int, model_height: int) -> ScreenMapping:
+    """The mapping of a screen whose model frame was `model_width` x `model_height` (stored sessions keep only the
+    sizes); ValueError when no coordinate mode gives that frame."""
+    for mode in CoordinateMode:
+        mapping = ScreenMapping(screen_width, screen_height, mode)
+        if mapping.model_size == (model_width, model_height):
+            return mapping
+    raise ValueError(
+        f"a {model_width}x{model_height} model frame is none of the frames of a {screen_width}x{screen_height} screen"
+    )
+
+
+def map_points(actions: list[A], convert: Callable[[float, float], tuple[float, float]]) -> list[A]:
+    """`actions` (sandbox.actions dataclasses) with every point (click target, drag ends, scroll anchor) passed
+    through `convert`, e.g. `mapping.to_screen` at the model boundary; everything else unchanged."""
+
+    def moved(action: A) -> A:
+        points = {
+            f.name: type(value)(*convert(value.x, value.y))
+            for f in fields(action)  # type: ignore[arg-type]
+            if hasattr(value := getattr(action, f.name), "x") and hasattr(value, "y")
+        }
+        return replace(action, **points) if points else action  # type: ignore[type-var]
+
+    return [moved(action) for action in actions]

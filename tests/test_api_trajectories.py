@@ -42,9 +42,9 @@ def test_queue_then_trajectory_then_steps_then_submit(api, trajectory, held_task
     assert response.json()["index"] == 0 and response.json()["screenshot_url"].endswith("00000.png")
     # Multipart clients (screenshots) send JSON fields as JSON text; they are parsed, and checked.
     response = _step(
-        api, trajectory, action_text="wait()", candidates=json.dumps([{"thought": "t", "action": "wait()"}])
+        api, trajectory, action_text="wait()", candidates=json.dumps([{"thought": "t", "action_text": "wait()"}])
     )
-    assert response.status_code == 201 and response.json()["candidates"] == [{"thought": "t", "action": "wait()"}]
+    assert response.status_code == 201 and response.json()["candidates"][0]["action_text"] == "wait()"
     assert response.json()["action"] == {"actions": [{"type": "wait"}]}
     response = _step(api, trajectory, candidates=json.dumps({"not": "a list"}))
     assert response.status_code == 400 and "candidates" in response.json()["errors"]

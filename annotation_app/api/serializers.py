@@ -10,6 +10,7 @@ from rest_framework import serializers
 from flywheel.models import ModelVersion
 from sandbox.actions import ActionSyntaxError, parse_actions
 
+from ..candidates import CandidateError, check_candidates
 from ..models import Assignment, Recording, Review, Step, Task, Trajectory
 from ..task_import import check_evaluator, check_setup_config
 from ..trajectories import typed_action
@@ -175,9 +176,11 @@ class StepCreateSerializer(StrictSerializerMixin, serializers.ModelSerializer):
         return value
 
     def validate_candidates(self, value: Any) -> list:
-        if not isinstance(value, list) or not all(isinstance(c, dict) for c in value):
-            raise serializers.ValidationError("Must be a list of {thought, action} objects.")
-        return value
+        """The one candidate shape (annotation_app.candidates), in screen pixels like the step's action."""
+        try:
+            return check_candidates(value)
+        except CandidateError as error:
+            raise serializers.ValidationError(str(error)) from None
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         started, finished = attrs.get("started_at"), attrs.get("finished_at")

@@ -5,12 +5,17 @@ Domain functions are called directly here; the page and the browser are covered 
 from __future__ import annotations
 
 import hashlib
+import io
+import json
+import tarfile
+from datetime import timedelta
 
 import pytest
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.db import connection
 from django.urls import reverse
+from django.utils import timezone
 
 from annotation_app import live
 from annotation_app.consumers import LiveConsumer
@@ -18,6 +23,7 @@ from annotation_app.models import LiveSession, Role, Step, Trajectory
 from annotation_app.task_queue import next_task
 from annotation_app.trajectories import Conflict, Invalid
 from sandbox.client import SessionGoneError
+from sandbox.coordinates import ScreenMapping
 
 from ..conftest import api_client_for
 from ..factories import TaskFactory
@@ -25,6 +31,22 @@ from ..waiting import wait_for
 from .conftest import needs_desktop
 
 pytestmark = [needs_desktop, pytest.mark.slow]
+
+
+# Which proposal the flow test accepts: one whose effect on the desktop can be checked, pointer actions first.
+PREFERENCE = {"click": 0, "left_double": 0, "right_single": 1, "drag": 1, "scroll": 1, "type": 2, "hotkey": 3}
+REFUSE_DONE = """
+CREATE FUNCTION refuse_done() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN RAISE EXCEPTION 'disk full'; END $$;
+CREATE TRIGGER refuse_done BEFORE UPDATE ON annotation_app_step FOR EACH ROW WHEN (NEW.status = 'done')
+EXECUTE FUNCTION refuse_done();
+"""
+
+
+def input_events(archive: bytes) -> list[dict]:
+    """The input events of a sandbox capture archive (docs/in-situ.md)."""
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        return [json.loads(line) for line in tar.extractfile("events.jsonl").read().splitlines() if line.strip()]
 
 
 def proposals_ready(session: LiveSession, index: int) -> bool:
@@ -36,7 +58,7 @@ def proposals_ready(session: LiveSession, index: int) -> bool:
 def started(live_worker, embedded_model, make_user):
     """An annotator's live session on a desktop task, started by the worker, with its first proposals ready."""
     annotator = make_user(Role.ANNOTATOR)
-    setup = [{"type": "launch", "parameters": {"command": ["xterm"]}}]
+    setup = [{"type": "launch", "parameters": {"command": ["xterm", "-maximized"]}}]  # every click lands in it
     task = TaskFactory(instruction="Open a terminal and type hello.", setup_config=setup)
     next_task(annotator)
     session = live.open_live(annotator, task)
@@ -53,11 +75,30 @@ def test_accept_override_finish_stores_the_on_policy_trajectory(started):
     assert all(c["model"] == "tiny-uitars" and not c["error"] for c in session.candidates)
     assert live.open_live(annotator, session.trajectory.task).pk == session.pk  # reopening resumes
 
-    choice = next(i for i, c in enumerate(session.candidates) if c["actions"][0]["type"] != "finished")
+    choice = min(range(3), key=lambda i: PREFERENCE.get(session.candidates[i]["actions"][0]["type"], 9))
+    shown = session.candidates[choice]
+    assert PREFERENCE.get(shown["actions"][0]["type"], 9) < 9, f"no candidate acts on the desktop: {session.candidates}"
     first_screen = session.observation.read()
+    sandbox = live.sandbox_for(session.trajectory_id)
+    sandbox.capture_start(session.sandbox_session_id)  # the desktop's own record of the input it receives
     step = live.take_step(session, expected_index=0, candidate=choice)
-    assert step.source == Step.Source.MODEL and step.chosen_candidate == choice
-    assert step.action_text == session.candidates[choice]["action_text"] and len(step.candidates) == 3
+    events = input_events(sandbox.capture_stop(session.sandbox_session_id))
+    assert step.source == Step.Source.MODEL and step.chosen_candidate == choice and len(step.candidates) == 3
+    # stored in screen pixels: each model point maps to the screen pixel the sandbox always clicked for it
+    trajectory = Trajectory.objects.get(pk=session.trajectory_id)
+    mapping = ScreenMapping(trajectory.screen_width, trajectory.screen_height)
+    screen = (trajectory.screen_width, trajectory.screen_height)
+    assert (session.model_width, session.model_height) == mapping.model_size != screen  # two frames apart
+    screen_points = [list(mapping.to_screen(x, y)) for x, y in shown["points"]]
+    assert step.candidates[choice]["points"] == screen_points and step.candidates[choice]["raw"] == shown["raw"]
+    assert [p for a in step.action["actions"] for k in ("point", "start", "end") if (p := a.get(k))] == screen_points
+    assert step.status == Step.Status.DONE and step.action_text == step.candidates[choice]["action_text"]
+    # ... and the accepted action reached the desktop there
+    kinds = {e["type"] for e in events}
+    for x, y in screen_points:
+        assert any(e.get("x") == x and e.get("y") == y for e in events), (screen_points, events)
+    if shown["actions"][0]["type"] in ("type", "hotkey"):
+        assert "key_down" in kinds, events
     assert (
         step.screenshot_sha256
         == hashlib.sha256(first_screen).hexdigest()
@@ -69,8 +110,12 @@ def test_accept_override_finish_stores_the_on_policy_trajectory(started):
         live.take_step(session, expected_index=0, candidate=choice)
     assert wait_for(lambda: proposals_ready(session, 1), timeout=60)
 
+    session.refresh_from_db()
+    before_typing = session.observation.read()
     typed = live.take_step(session, expected_index=1, thought="Type the word.", action_text="type(content='hello')")
     assert typed.source == Step.Source.HUMAN and typed.chosen_candidate is None
+    session.refresh_from_db()
+    assert session.observation.read() != before_typing  # the typed word is on the screen now
     assert typed.action == {"actions": [{"type": "type", "content": "hello"}]} and typed.thought == "Type the word."
 
     live.take_step(session, expected_index=2, thought="Done.", action_text="finished(content='typed hello')")
@@ -81,6 +126,46 @@ def test_accept_override_finish_stores_the_on_policy_trajectory(started):
     assert [s.source for s in trajectory.steps.order_by("index")] == ["model", "human", "human"]
     with pytest.raises(SessionGoneError):  # the lease was released
         live.sandbox_for(session.trajectory_id).renew(session.sandbox_session_id)
+
+
+def test_a_step_whose_result_cannot_be_recorded_is_kept_as_failed(started):
+    """The action runs, then storing its result fails (the database refuses it): the step stays recorded, as failed,
+    so the stored steps never fall behind the desktop, and the session ends."""
+    _, session = started
+    with connection.cursor() as cursor:
+        cursor.execute(REFUSE_DONE)
+    try:
+        with pytest.raises(Conflict, match="ran but its result could not be recorded"):
+            live.take_step(session, expected_index=0, thought="Type.", action_text="type(content='ran')")
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER refuse_done ON annotation_app_step; DROP FUNCTION refuse_done();")
+    step = Step.objects.get(trajectory=session.trajectory, index=0)
+    assert step.status == Step.Status.FAILED and "could not be recorded" in step.error and "disk full" in step.error
+    assert step.action_text == "type(content='ran')" and step.finished_at
+    session.refresh_from_db()
+    assert (session.status, session.end_reason, session.next_index) == ("ended", "step_failed", 1)
+    with pytest.raises(SessionGoneError):  # the desktop was given back
+        live.sandbox_for(session.trajectory_id).renew(session.sandbox_session_id)
+
+
+def test_a_step_left_executing_is_settled_by_the_next_one(db, make_user):
+    """A process that died while running a step left it 'executing': a fresh one is in progress (409), a stale one
+    is recorded as failed and ends the session."""
+    owner = make_user(Role.ANNOTATOR)
+    trajectory = Trajectory.objects.create(task=TaskFactory(), annotator=owner, mode="interactive")
+    session = LiveSession.objects.create(trajectory=trajectory, status="active", model_width=1932, model_height=1092)
+    Step.objects.create(trajectory=trajectory, index=0, action_text="wait()", status=Step.Status.EXECUTING)
+    with pytest.raises(Conflict, match="Step 0 is being run now"):
+        live.take_step(session, expected_index=0, action_text="wait()")
+    stale = timezone.now() - timedelta(seconds=live.STALE_EXECUTING_S + 1)
+    Step.objects.filter(trajectory=trajectory).update(created_at=stale)
+    with pytest.raises(Conflict, match="Step 0 was never completed"):
+        live.take_step(session, expected_index=0, action_text="wait()")
+    step = Step.objects.get(trajectory=trajectory)
+    assert step.status == Step.Status.FAILED and "never recorded" in step.error
+    session.refresh_from_db()
+    assert (session.status, session.end_reason, session.next_index) == ("ended", "step_failed", 1)
 
 
 def test_invalid_overrides_are_rejected_and_nothing_runs(started):

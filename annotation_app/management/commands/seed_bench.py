@@ -25,7 +25,9 @@ from django.utils import timezone
 from rest_framework.authtoken.models import Token
 from tqdm import tqdm
 
+from annotation_app.candidates import candidate
 from annotation_app.models import Assignment, Role, Step, Task, Trajectory, User
+from annotation_app.trajectories import typed_action
 from flywheel.models import ModelVersion
 
 USERNAME_PREFIX = "bench-annotator-"
@@ -282,7 +284,8 @@ class Command(BaseCommand):
         steps = []
         for index in range(rng.randint(2, 5)):
             template, kind = rng.choice(ACTIONS)
-            x, y = rng.randint(0, 1919), rng.randint(0, 1079)
+            x, y = rng.randint(0, 1919), rng.randint(0, 1079)  # screen pixels of the default 1920x1080 screen
+            action_text = template.format(x=x, y=y)
             by_model = trajectory.mode == Trajectory.Mode.ROLLOUT or (
                 trajectory.mode == Trajectory.Mode.INTERACTIVE and rng.random() < 0.6
             )
@@ -291,10 +294,12 @@ class Command(BaseCommand):
                     trajectory=trajectory,
                     index=index,
                     thought=f"Step {index}: the target is visible; {kind} it to make progress.",
-                    action_text=template.format(x=x, y=y),
-                    action={"type": kind, "x": x, "y": y},
+                    action_text=action_text,
+                    action=typed_action(action_text),
                     source=Step.Source.MODEL if by_model else Step.Source.HUMAN,
-                    candidates=[{"thought": "Alternative.", "action": f"click(start_box='({y},{x})')"}]
+                    candidates=[
+                        candidate(thought="Alternative.", action_text=f"click(start_box='({1919 - x},{1079 - y})')")
+                    ]
                     if trajectory.mode == Trajectory.Mode.INTERACTIVE
                     else [],
                     model_latency_ms=rng.randint(200, 3000) if by_model else None,

@@ -6,6 +6,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
+from annotation_app.candidates import candidate
 from annotation_app.models import Role, Step, Task, Trajectory, User
 from annotation_app.task_queue import next_task
 from annotation_app.trajectories import typed_action
@@ -116,6 +117,6 @@ class Command(BaseCommand):
                 thought="Type the address and press Enter to load the site.",
                 action_text="type(content='example.org\\n')",
                 action=typed_action("type(content='example.org\\n')"),
-                candidates=[{"thought": "Click the address bar.", "action": "click(start_box='(640,60)')"}],
+                candidates=[candidate(thought="Click the address bar.", action_text="click(start_box='(640,60)')")],
             )
         self.stdout.write(self.style.SUCCESS("Demo data ready."))
