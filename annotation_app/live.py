@@ -303,10 +303,10 @@ def take_step(
     'executing' before its action is sent, outside the row lock, and completed after it ran: the stored steps never
     fall behind the desktop. An action whose result cannot be recorded leaves its step 'failed' (the desktop may have
     run it) and ends the session, so the trajectory says where its record stops."""
-    step = _reserve_step(live, expected_index, candidate, thought, action_text)
+    step, session_id = _reserve_step(live, expected_index, candidate, thought, action_text)
     client = sandbox_for(live.trajectory_id)
     try:
-        result = client.step(live.sandbox_session_id, step.action_text, coordinates="screen")
+        result = client.step(session_id, step.action_text, coordinates="screen")
     except ActionError as exc:  # refused before anything ran
         _unreserve(step)
         raise Invalid(f"The sandbox refused the action: {exc.detail}") from exc
@@ -339,9 +339,10 @@ def take_step(
 
 def _reserve_step(
     live: LiveSession, expected_index: int, candidate: int | None, thought: str, action_text: str
-) -> Step:
-    """Check the decision and store its step as 'executing', in screen pixels, under the session's row lock. A step
-    left 'executing' by a process that stopped while running it is settled as failed here."""
+) -> tuple[Step, str]:
+    """Check the decision and store its step as 'executing', in screen pixels, under the session's row lock; the
+    step and the sandbox session to run it in. A step left 'executing' by a process that stopped while running it is
+    settled as failed here."""
     with transaction.atomic():
         live = LiveSession.objects.select_for_update().select_related("trajectory").get(pk=live.pk)
         if live.status != LiveSession.Status.ACTIVE:
@@ -350,7 +351,7 @@ def _reserve_step(
             raise Conflict(f"Step {expected_index} was already taken; the session is at step {live.next_index}.")
         running = Step.objects.filter(trajectory_id=live.trajectory_id, index=live.next_index).first()
         if running is None:
-            return _store_executing(live, candidate, thought, action_text)
+            return _store_executing(live, candidate, thought, action_text), live.sandbox_session_id
         if running.created_at > timezone.now() - timedelta(seconds=STALE_EXECUTING_S):
             raise Conflict(f"Step {expected_index} is being run now.")
     _step_failed(live, running, "its result was never recorded (the process running it stopped)")
