@@ -1,5 +1,5 @@
 """Fixtures of the recorder tests: real Xvfb desktops (sandbox.desktop), generated audio, the CLI's environment.
-None of these tests touches the database."""
+Only test_upload_django.py touches the database (the real upload endpoint)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,11 @@
-"""The upload protocol's REFERENCE SERVER (docs/in-situ.md, "Upload protocol"): a small, real HTTP server (stdlib
-http.server in a thread) that implements the protocol faithfully, so the recorder's uploader is tested against real
-sockets until the Django endpoint exists. It also answers the few API calls the CLI makes (/api/me/, /api/queue/next/,
-/api/tasks/<id>/) and can inject faults: a connection dropped at a given byte, lost responses, 5xx answers, corrupted
-chunks and stored bytes, and a server that loses its last bytes (a gap).
+"""A FAKE of the upload endpoint, kept for FAULT INJECTION: a small, real HTTP server (stdlib http.server in a thread)
+that implements the upload protocol (docs/in-situ.md, "Upload protocol") and, on demand, fails the way networks and
+servers do: a connection cut at a given byte mid-body, a chunk stored but its answer lost, 5xx answers, a chunk damaged
+in transit, a stored byte that rots (the whole-file checksum fails), a server that forgets its last chunk (a gap), and
+an upload held in "verifying". The real Django endpoint cannot be made to do any of these at a chosen moment, so the
+uploader's recovery from them is tested here (test_upload.py); its behaviour on the real endpoint, served by gunicorn,
+is tested in test_upload_django.py, which checks the same protocol rules call by call. It also answers the few API
+calls the CLI makes (/api/me/, /api/queue/next/, /api/tasks/<id>/) for the CLI tests that need no database.
 
 Protocol, as implemented here (each rule is the doc's):
 - every call needs `Authorization: Token <key>` (else 401);
@@ -80,8 +83,8 @@ class Logged:
     offset_before: int | None = None  # the server's offset when the request arrived
 
 
-class ReferenceServer:
-    """Start with `with ReferenceServer(token=...) as server:`; `server.url` is its base URL."""
+class FaultInjectingServer:
+    """Start with `with FaultInjectingServer(token=...) as server:`; `server.url` is its base URL."""
 
     def __init__(self, token: str = "secret-token", chunk_size: int = 64 * 1024) -> None:
         self.token = token
@@ -97,16 +100,14 @@ class ReferenceServer:
         server = self
 
         class Handler(_Handler):
-            reference = server
+            fake = server
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self._thread = threading.Thread(
-            target=self.httpd.serve_forever, args=(0.05,), name="reference-server", daemon=True
-        )
+        self._thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), name="fault-server", daemon=True)
 
-    def __enter__(self) -> ReferenceServer:
+    def __enter__(self) -> FaultInjectingServer:
         self._thread.start()
         return self
 
@@ -123,7 +124,7 @@ class ReferenceServer:
 
 
 class _Handler(BaseHTTPRequestHandler):
-    reference: ReferenceServer
+    fake: FaultInjectingServer
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # headers and body leave at once (no 40 ms delayed-ACK stall per request)
 
@@ -156,7 +157,7 @@ class _Handler(BaseHTTPRequestHandler):
         return self.rfile.read(length) if length else b""
 
     def _authorized(self, entry: Logged) -> bool:
-        if self.headers.get("Authorization") == f"Token {self.reference.token}":
+        if self.headers.get("Authorization") == f"Token {self.fake.token}":
             return True
         self._body()
         self._answer(401, {"detail": "Invalid token."}, entry)
@@ -164,7 +165,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _entry(self) -> Logged:
         entry = Logged(self.command, self.path, None)
-        self.reference.log.append(entry)
+        self.fake.log.append(entry)
         return entry
 
     # --- routes -----------------------------------------------------------------------------------------------------
@@ -173,7 +174,7 @@ class _Handler(BaseHTTPRequestHandler):
         entry = self._entry()
         if not self._authorized(entry):
             return
-        ref = self.reference
+        ref = self.fake
         if self.path == "/api/me/":
             return self._answer(200, ref.me, entry)
         if match := TASK_PATH.match(self.path):
@@ -199,7 +200,7 @@ class _Handler(BaseHTTPRequestHandler):
         entry = self._entry()
         if not self._authorized(entry):
             return
-        ref = self.reference
+        ref = self.fake
         raw = self._body()
         if self.path == "/api/queue/next/":
             if not ref.queue:
@@ -230,7 +231,7 @@ class _Handler(BaseHTTPRequestHandler):
         entry = self._entry()
         if not self._authorized(entry):
             return
-        ref = self.reference
+        ref = self.fake
         match = UPLOAD_PATH.match(self.path)
         upload = ref.uploads.get(int(match.group(1))) if match else None
         length = int(self.headers.get("Content-Length") or 0)

@@ -1,5 +1,6 @@
 """The command line as annotators run it (`python -m recorder`, a real subprocess): record on a real display with an
-audio file, list, preview, upload to the reference server, delete; login and tasks; clear errors, no tracebacks."""
+audio file, list, preview, upload, delete; login and tasks; clear errors, no tracebacks. The server here is the fake
+(fault_server.py: no database needed); test_upload_django.py runs login, tasks and upload against the real one."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from PIL import Image
 from sandbox.actions import Click, Point
 
 from .conftest import ROOT, cli_env, make_wav, needs_desktop, read_events, run_cli
-from .reference_server import ReferenceServer
+from .fault_server import FaultInjectingServer
 
 TOKEN = "secret-token"
 
@@ -81,7 +82,7 @@ class Recording:
 def test_record_list_preview_upload_delete(shared_desktop, tmp_path):
     desktop = shared_desktop
     wav = make_wav(tmp_path / "think.wav", seconds=2.0, rate=22050)
-    with ReferenceServer(token=TOKEN) as server:
+    with FaultInjectingServer(token=TOKEN) as server:
         env = cli_env(tmp_path, THINKALOUD_SERVER=server.url, THINKALOUD_TOKEN=TOKEN)
         with Recording(
             env, "--display", f":{desktop.display}", "--audio-file", str(wav), "--duration", "3", "--interval", "0.5",
@@ -179,7 +180,7 @@ def test_record_errors_are_one_clear_line(shared_desktop, tmp_path):
 def test_login_tasks_and_server_errors(tmp_path):
     env = cli_env(tmp_path)
     config = tmp_path / "config" / "config.json"
-    with ReferenceServer(token=TOKEN) as server:
+    with FaultInjectingServer(token=TOKEN) as server:
         bad = run_cli(env, "login", "--server", server.url, "--token", "wrong")
         assert bad.returncode == 1 and "rejected the token (401" in bad.stderr and not config.exists()
 
@@ -203,7 +204,7 @@ def test_the_task_instruction_comes_from_the_server(monkeypatch):
     """`record --task ID` (or `--task next`) asks the server for the task's instruction (checked without recording)."""
     from recorder import cli
 
-    with ReferenceServer(token=TOKEN) as server:
+    with FaultInjectingServer(token=TOKEN) as server:
         monkeypatch.setenv("THINKALOUD_SERVER", server.url)
         monkeypatch.setenv("THINKALOUD_TOKEN", TOKEN)
         for task in ("12", "next"):

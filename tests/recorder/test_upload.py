@@ -1,4 +1,5 @@
-"""The uploader against the protocol's REFERENCE SERVER (reference_server.py, a real HTTP server on a socket): chunks,
+"""The uploader against the fault-injecting fake of the upload endpoint (fault_server.py, a real HTTP server on a
+socket), for the faults the real endpoint cannot produce on demand (test_upload_django.py uses the real one): chunks,
 resume from the server's offset, dropped connections, duplicates, gaps, damaged chunks, a failed whole-file checksum.
 In every case the server ends up with exactly the session's tar."""
 
@@ -13,7 +14,7 @@ import pytest
 from recorder.errors import AuthError, UploadError
 from recorder.upload import Uploader
 
-from .reference_server import ReferenceServer
+from .fault_server import FaultInjectingServer
 from .test_session import build_session
 
 TOKEN = "secret-token"
@@ -22,7 +23,7 @@ CHUNK = 64 * 1024
 
 @pytest.fixture
 def server():
-    with ReferenceServer(token=TOKEN, chunk_size=CHUNK) as server:
+    with FaultInjectingServer(token=TOKEN, chunk_size=CHUNK) as server:
         yield server
 
 
@@ -35,12 +36,12 @@ def session(tmp_path):
     return session
 
 
-def uploader(server: ReferenceServer, **options) -> Uploader:
+def uploader(server: FaultInjectingServer, **options) -> Uploader:
     options.setdefault("backoff", 0.001)
     return Uploader(server.url, TOKEN, **options)
 
 
-def received(server: ReferenceServer, session) -> bytes:
+def received(server: FaultInjectingServer, session) -> bytes:
     upload = server.upload_for(session.id)
     assert upload is not None
     return bytes(upload.data)
@@ -180,8 +181,9 @@ def test_an_upload_still_verifying_is_asked_again_until_it_is_decided(server, se
     assert server.faults.verifying_gets == 0 and len(server.puts()) == 1
 
 
-def test_the_protocol_rules_of_the_reference_server(server):
-    """The reference server itself, call by call (what the Django endpoint must answer too)."""
+def test_the_fake_follows_the_protocol_rules(server):
+    """The fake itself, call by call, as test_upload_django.py checks the Django endpoint: the faults above are
+    faults of a server that otherwise answers like the real one."""
     data = random.Random(5).randbytes(1000)
     auth = {"Authorization": f"Token {TOKEN}"}
 
