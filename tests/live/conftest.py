@@ -59,13 +59,13 @@ class LiveServices:
 @pytest.fixture(scope="session")
 def live_services(policy_url, tmp_path_factory) -> LiveServices:
     """Sandbox service and websockify for the whole run; the web ports are chosen here so websockify can check the
-    pages' Origin."""
+    pages' Origin. Sessions are isolated, as in production (the tests run as root)."""
     sandbox_port, vnc_port, web_port, ws_port = free_port(), free_port(), free_port(), free_port()
     namespace, redis_url = f"live-{uuid.uuid4().hex}", f"{settings.REDIS_URL}/12"
     logs = tmp_path_factory.mktemp("live-logs")
     env = subprocess_env(
         SANDBOX_API_KEY=API_KEY, SANDBOX_REDIS_URL=redis_url, SANDBOX_CAPACITY="10", SANDBOX_WARM="0",
-        SANDBOX_ROOT=str(tmp_path_factory.mktemp("sessions")), SANDBOX_NAMESPACE=namespace, SANDBOX_ISOLATE="0",
+        SANDBOX_ROOT=str(tmp_path_factory.mktemp("sessions")), SANDBOX_NAMESPACE=namespace, SANDBOX_ISOLATE="1",
         SANDBOX_PORT=str(sandbox_port),
     )  # fmt: skip
     bridge = websockify_command(f"127.0.0.1:{vnc_port}", redis_url, namespace, [f"http://127.0.0.1:{web_port}"])
