@@ -3,7 +3,7 @@
 from django.contrib import admin
 from django.db import models
 
-from .models import ModelVersion
+from .models import DatasetVersion, Iteration, ModelVersion, Validation
 
 
 @admin.register(ModelVersion)
@@ -13,3 +13,24 @@ class ModelVersionAdmin(admin.ModelAdmin):
     search_fields = ("name", "checkpoint_uri")
     raw_id_fields = ("parent", "created_by")
     formfield_overrides = {models.URLField: {"assume_scheme": "https"}}  # Django 6's default, without the warning
+
+
+@admin.register(Iteration)
+class IterationAdmin(admin.ModelAdmin):
+    list_display = ("id", "status", "current_stage", "scope", "started_by", "created_at", "finished_at")
+    list_filter = ("status",)
+    raw_id_fields = ("started_by", "base_model")
+
+
+@admin.register(DatasetVersion)
+class DatasetVersionAdmin(admin.ModelAdmin):
+    list_display = ("kind", "number", "parent", "iteration", "row_count", "added_count", "created_at")
+    list_filter = ("kind",)
+    raw_id_fields = ("parent", "iteration")
+
+
+@admin.register(Validation)
+class ValidationAdmin(admin.ModelAdmin):
+    list_display = ("iteration", "trajectory", "v", "route", "reason")
+    list_filter = ("route",)
+    raw_id_fields = ("iteration", "trajectory")

@@ -5,6 +5,8 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, Spec
 from rest_framework.authtoken.views import obtain_auth_token
 from rest_framework.routers import DefaultRouter
 
+from flywheel import api as flywheel_api
+
 from . import insitu, live, views
 
 router = DefaultRouter(trailing_slash=True)
@@ -15,6 +17,7 @@ router.register("models", views.ModelVersionViewSet, basename="modelversion")
 
 urlpatterns = [
     path("", include(router.urls)),
+    path("flywheel/", include(flywheel_api.router.urls)),
     path("queue/next/", views.NextTaskView.as_view(), name="queue-next"),
     path("live/", live.LiveOpenView.as_view(), name="live-open"),
     path("live/<int:pk>/", live.LiveStateView.as_view(), name="live-state"),

@@ -1,0 +1,417 @@
+"""Flywheel iterations: start, cancel and run them stage by stage, and the validation+routing stage itself.
+
+Every state change is a function here that writes the row and pushes the event (`flywheel_iteration` to the ML
+engineers' and data leads' pages); views, the API, the command and the Celery task only parse and call. Stages are
+idempotent: a stage recorded as done is skipped, validation resumes after the last trajectory it validated (the
+(iteration, trajectory) pair is unique, and inserts ignore conflicts), and export skips a store version it made.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+from django.contrib.postgres.aggregates import ArrayAgg
+from django.db import connection, transaction
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery
+from django.db.models.functions import Coalesce, JSONObject
+from django.utils import timezone
+
+from annotation_app.consumers import notify_role
+from annotation_app.models import Review, Role, Step, Trajectory
+
+from .models import AVAILABLE_STAGES, DatasetVersion, Iteration, ModelVersion, Route, Stage, Validation
+from .validation import Review as ReviewSignal
+from .validation import Signals, VConfig, validate
+
+log = logging.getLogger(__name__)
+
+CHUNK = 2000  # trajectories per round trip: a constant number of queries per chunk, whatever the step count
+EVENT = "flywheel_iteration"
+COORDINATES = ("absolute", "relative1000")
+
+
+class Cancelled(Exception):
+    """The iteration was cancelled while a stage ran."""
+
+
+class IterationError(ValueError):
+    """A request to start or cancel that cannot be honoured; the message says why (a 400 or 409 to callers)."""
+
+
+# --- starting and cancelling ---------------------------------------------------------------------------------------
+
+
+def check_config(config: dict[str, Any] | None) -> dict[str, Any]:
+    """The iteration config with defaults filled in: {"v": VConfig, "export": {"coordinates"}}; IterationError names
+    what is wrong."""
+    config = dict(config or {})
+    unknown = sorted(set(config) - {"v", "export"})
+    if unknown:
+        raise IterationError(f"unknown config section(s): {', '.join(unknown)} (known: export, v)")
+    try:
+        v = VConfig.from_dict(config.get("v"))
+    except (TypeError, ValueError) as exc:
+        raise IterationError(f"config.v: {exc}") from None
+    export = dict(config.get("export") or {})
+    if sorted(set(export) - {"coordinates"}):
+        raise IterationError("config.export takes only 'coordinates'")
+    coordinates = export.get("coordinates", "absolute")
+    if coordinates not in COORDINATES:
+        raise IterationError(f"config.export.coordinates must be one of {', '.join(COORDINATES)}")
+    for version in latest_versions().values():
+        frame = version.manifest.get("coordinates")
+        if frame and frame != coordinates:
+            raise IterationError(
+                f"the {version.get_kind_display()} store is in {frame} coordinates; an export appends to it in the "
+                f"same frame (set config.export.coordinates to {frame!r})"
+            )
+    return {"v": v.to_dict(), "export": {"coordinates": coordinates}}
+
+
+def latest_versions() -> dict[str, DatasetVersion]:
+    """The newest version of each store."""
+    found: dict[str, DatasetVersion] = {}
+    for version in DatasetVersion.objects.order_by("kind", "-number").distinct("kind"):
+        found[version.kind] = version
+    return found
+
+
+def start_iteration(
+    user: Any,
+    *,
+    base_model: ModelVersion | None = None,
+    scope: str = Iteration.Scope.NEW,
+    modes: list[str] | None = None,
+    domains: list[str] | None = None,
+    date_from: datetime | None = None,
+    date_to: datetime | None = None,
+    stages: list[str] | None = None,
+    config: dict[str, Any] | None = None,
+    enqueue: bool = True,
+) -> Iteration:
+    """Record a new iteration and (with `enqueue`) queue it on the `flywheel` Celery queue once committed."""
+    stages = list(stages or [Stage.VALIDATE, Stage.EXPORT])
+    unknown = [s for s in stages if s not in Stage.values]
+    if unknown:
+        raise IterationError(f"unknown stage(s): {', '.join(unknown)}")
+    missing = [s for s in stages if s not in AVAILABLE_STAGES]
+    if missing:
+        raise IterationError(f"not available yet: {', '.join(Stage(s).label for s in missing)}")
+    if Stage.EXPORT in stages and Stage.VALIDATE not in stages:
+        raise IterationError("export needs the validation and routing stage")
+    bad_modes = [m for m in modes or [] if m not in Trajectory.Mode.values]
+    if bad_modes:
+        raise IterationError(f"unknown mode(s): {', '.join(bad_modes)}")
+    if scope not in Iteration.Scope.values:
+        raise IterationError(f"scope must be one of {', '.join(Iteration.Scope.values)}")
+    if date_from and date_to and date_from >= date_to:
+        raise IterationError("date_from must be before date_to")
+    checked = check_config(config)
+    ordered = [s for s in Stage.values if s in stages]
+    iteration = Iteration.objects.create(
+        started_by=user if getattr(user, "pk", None) else None,
+        base_model=base_model,
+        scope=scope,
+        modes=list(modes or []),
+        domains=[d for d in domains or [] if d],
+        date_from=date_from,
+        date_to=date_to,
+        selected_stages=ordered,
+        config=checked,
+        stages={s: {"status": "pending", "done": 0, "total": None} for s in ordered},
+    )
+    if enqueue:
+        from .tasks import run_iteration_task
+
+        transaction.on_commit(lambda: run_iteration_task.delay(iteration.pk))
+    push(iteration)
+    return iteration
+
+
+def cancel_iteration(iteration: Iteration) -> Iteration:
+    """Ask a running iteration to stop (it stops at its next chunk); a pending one is cancelled at once."""
+    with transaction.atomic():
+        iteration = Iteration.objects.select_for_update().get(pk=iteration.pk)
+        if iteration.finished:
+            raise IterationError(f"iteration {iteration.pk} has already {iteration.status}")
+        iteration.cancel_requested = True
+        fields = ["cancel_requested"]
+        if iteration.status == Iteration.Status.PENDING:
+            iteration.status, iteration.finished_at = Iteration.Status.CANCELLED, timezone.now()
+            fields += ["status", "finished_at"]
+        iteration.save(update_fields=fields)
+    push(iteration)
+    return iteration
+
+
+def state_of(iteration: Iteration) -> dict[str, Any]:
+    """What the pages and the websocket show of an iteration."""
+    return {
+        "id": iteration.pk,
+        "status": iteration.status,
+        "current_stage": iteration.current_stage,
+        "stages": iteration.stages,
+        "cancel_requested": iteration.cancel_requested,
+        "error": iteration.error,
+    }
+
+
+def push(iteration: Iteration) -> None:
+    """Tell the open flywheel pages (ML engineers and data leads) that this iteration changed."""
+    state = state_of(iteration)
+    for role in (Role.ML_ENGINEER, Role.DATA_LEAD):
+        try:
+            notify_role(role, EVENT, iteration=state)
+        except Exception:  # a push is a courtesy: pages also poll, the row is the truth
+            log.warning("could not push iteration %s", iteration.pk, exc_info=True)
+
+
+# --- running ---------------------------------------------------------------------------------------------------------
+
+
+@contextmanager
+def advisory_lock(key: str) -> Iterator[bool]:
+    """A PostgreSQL session lock named `key`: yields False when another connection holds it. A killed worker's
+    connection closes and its lock goes with it, so a redelivered task can take over."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(hashtext(%s))", [key])
+        got = bool(cursor.fetchone()[0])
+    try:
+        yield got
+    finally:
+        if got:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(hashtext(%s))", [key])
+
+
+def run_iteration(iteration_id: int, *, chunk: int = CHUNK) -> Iteration:
+    """Run every selected stage not done yet, in order; the iteration ends succeeded, failed or cancelled. Safe to
+    call again after a crash (a concurrent call for the same iteration returns at once)."""
+    with advisory_lock(f"flywheel.iteration.{iteration_id}") as mine:
+        iteration = Iteration.objects.get(pk=iteration_id)
+        if not mine or iteration.finished:
+            return iteration
+        if iteration.cancel_requested:
+            return _finish(iteration, Iteration.Status.CANCELLED)
+        iteration.status = Iteration.Status.RUNNING
+        iteration.started_at = iteration.started_at or timezone.now()
+        iteration.scope_until = iteration.scope_until or iteration.started_at
+        iteration.save(update_fields=["status", "started_at", "scope_until"])
+        push(iteration)
+        try:
+            for stage in iteration.selected_stages:
+                if iteration.stages.get(stage, {}).get("status") == "done":
+                    continue
+                _run_stage(iteration, stage, chunk)
+        except Cancelled:
+            return _finish(iteration, Iteration.Status.CANCELLED)
+        except Exception as exc:
+            log.exception("iteration %s failed", iteration_id)
+            return _finish(iteration, Iteration.Status.FAILED, f"{type(exc).__name__}: {exc}")
+        return _finish(iteration, Iteration.Status.SUCCEEDED)
+
+
+def _finish(iteration: Iteration, status: str, error: str = "") -> Iteration:
+    iteration.status, iteration.error, iteration.finished_at = status, error, timezone.now()
+    for stage in iteration.stages.values():
+        if stage.get("status") == "running":
+            stage["status"] = status if status != Iteration.Status.SUCCEEDED else "done"
+    iteration.save(update_fields=["status", "error", "finished_at", "stages"])
+    push(iteration)
+    return iteration
+
+
+def _run_stage(iteration: Iteration, stage: str, chunk: int) -> None:
+    entry = iteration.stages.setdefault(stage, {"done": 0, "total": None})
+    entry.update(status="running", started_at=entry.get("started_at") or timezone.now().isoformat())
+    iteration.current_stage = stage
+    iteration.save(update_fields=["stages", "current_stage"])
+    push(iteration)
+    started = time.monotonic()
+    if stage == Stage.VALIDATE:
+        output = validate_and_route(iteration, chunk=chunk)
+    elif stage == Stage.EXPORT:
+        from .export import export_iteration
+
+        output = export_iteration(iteration, progress=lambda done, total: progress(iteration, stage, done, total))
+    else:  # start_iteration refuses these; an old row naming one fails clearly
+        raise IterationError(f"stage {stage!r} is not available yet")
+    entry = iteration.stages[stage]
+    entry.update(status="done", finished_at=timezone.now().isoformat(), seconds=round(time.monotonic() - started, 3))
+    entry["output"] = output
+    iteration.save(update_fields=["stages"])
+    push(iteration)
+
+
+def progress(iteration: Iteration, stage: str, done: int, total: int | None) -> None:
+    """Record progress within a stage, push it, and stop when a cancel was asked for (one UPDATE … RETURNING)."""
+    entry = iteration.stages[stage]
+    entry["done"], entry["total"] = done, total
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {Iteration._meta.db_table} SET stages = %s::jsonb WHERE id = %s RETURNING cancel_requested",
+            [_json(iteration.stages), iteration.pk],
+        )
+        row = cursor.fetchone()
+    push(iteration)
+    if row and row[0]:
+        iteration.cancel_requested = True
+        raise Cancelled
+
+
+def _json(value: Any) -> str:
+    import json
+
+    return json.dumps(value, default=str)
+
+
+# --- scope -----------------------------------------------------------------------------------------------------------
+
+
+def stored() -> QuerySet[Validation]:
+    """Validations whose trajectory reached a store: routed to SFT or CT by an iteration that made a version of that
+    store."""
+    versions = DatasetVersion.objects.filter(iteration=OuterRef("iteration"), kind=OuterRef("route"))
+    return Validation.objects.filter(route__in=[Route.SFT, Route.CT]).filter(Exists(versions))
+
+
+def scope_queryset(iteration: Iteration) -> QuerySet[Trajectory]:
+    """The trajectories an iteration validates: finished ones (not in progress) submitted (or, without a submission
+    time, created) before it started, narrowed by mode, task domain and date; with scope "new", only those not yet in
+    a store (held ones come back: they may have been repaired)."""
+    queryset = Trajectory.objects.exclude(status=Trajectory.Status.IN_PROGRESS).alias(
+        scope_time=Coalesce("submitted_at", "created_at")
+    )
+    if iteration.scope_until:
+        queryset = queryset.filter(scope_time__lte=iteration.scope_until)
+    if iteration.modes:
+        queryset = queryset.filter(mode__in=iteration.modes)
+    if iteration.domains:
+        queryset = queryset.filter(task__domain__in=iteration.domains)
+    if iteration.date_from:
+        queryset = queryset.filter(scope_time__gte=iteration.date_from)
+    if iteration.date_to:
+        queryset = queryset.filter(scope_time__lt=iteration.date_to)
+    if iteration.scope == Iteration.Scope.NEW:
+        earlier = stored().exclude(iteration=iteration).filter(trajectory=OuterRef("pk"))
+        queryset = queryset.filter(~Exists(earlier))
+    return queryset.order_by()
+
+
+# --- validation and routing ----------------------------------------------------------------------------------------
+
+
+def _latest_review() -> Subquery:
+    reviews = Review.objects.filter(trajectory=OuterRef("pk")).order_by("-created_at", "-id")
+    return Subquery(reviews.values(json=JSONObject(id="id", verdict="verdict", score="score"))[:1])
+
+
+def gather(ids_and_rows: list[tuple[Any, ...]]) -> list[Signals]:
+    """Signals for a chunk of trajectories (rows from `_trajectory_rows`): one query for all their steps."""
+    ids = [row[0] for row in ids_and_rows]
+    steps = (
+        Step.objects.filter(trajectory_id__in=ids)
+        .order_by()
+        .values("trajectory_id")
+        .annotate(
+            indices=ArrayAgg("index", order_by="index"),
+            actions=ArrayAgg("action_text", order_by="index"),
+            no_screenshot=ArrayAgg("index", filter=Q(screenshot=""), order_by="index", default=[]),
+            unfinished=ArrayAgg("index", filter=~Q(status=Step.Status.DONE), order_by="index", default=[]),
+            with_thought=Count("id", filter=~Q(thought="")),
+        )
+        .values_list("trajectory_id", "indices", "actions", "no_screenshot", "unfinished", "with_thought")
+    )
+    by_trajectory = {row[0]: row[1:] for row in steps}
+    signals = []
+    for pk, mode, reward, review, capture_id, flags in ids_and_rows:
+        indices, actions, no_screenshot, unfinished, with_thought = by_trajectory.get(pk, ([], [], [], [], 0))
+        signals.append(
+            Signals(
+                trajectory_id=pk,
+                mode=mode,
+                indices=indices,
+                actions=actions,
+                no_screenshot=no_screenshot or (),
+                unfinished=unfinished or (),
+                with_thought=with_thought,
+                outcome_reward=reward,
+                review=ReviewSignal(review["id"], review["verdict"], review["score"]) if review else None,
+                capture_flags=(flags or []) if capture_id is not None else None,
+            )
+        )
+    return signals
+
+
+def _trajectory_rows(queryset: QuerySet[Trajectory], after: int, chunk: int) -> list[tuple[Any, ...]]:
+    return list(
+        queryset.filter(pk__gt=after)
+        .annotate(latest_review=_latest_review())
+        .order_by("pk")
+        .values_list("pk", "mode", "outcome_reward", "latest_review", "capture__id", "capture__flags")[:chunk]
+    )
+
+
+def validate_and_route(
+    iteration: Iteration, *, chunk: int = CHUNK, on_chunk: Callable[[int, int], None] | None = None
+) -> dict[str, Any]:
+    """Give every trajectory in scope its Validation for this iteration (V, components, route, reason); resumes
+    where an interrupted run stopped. Returns the stage's output: counts by route and the share that reached SFT."""
+    config = VConfig.from_dict(iteration.config.get("v"))
+    scope = scope_queryset(iteration)
+    mine = Validation.objects.filter(iteration=iteration)
+    total = scope.count()
+    pending = scope.filter(~Exists(mine.filter(trajectory=OuterRef("pk"))))
+    done = mine.count()
+    report = on_chunk or (lambda d, t: progress(iteration, Stage.VALIDATE, d, t))
+    report(done, total)
+    after = 0
+    while rows := _trajectory_rows(pending, after, chunk):
+        after = rows[-1][0]
+        verdicts = [(s.trajectory_id, validate(s, config)) for s in gather(rows)]
+        Validation.objects.bulk_create(
+            [
+                Validation(
+                    iteration_id=iteration.pk,
+                    trajectory_id=pk,
+                    v=verdict.v,
+                    components=verdict.components,
+                    route=verdict.route,
+                    reason=verdict.reason,
+                    threshold=verdict.threshold,
+                )
+                for pk, verdict in verdicts
+            ],
+            ignore_conflicts=True,
+        )
+        done += len(verdicts)
+        report(done, total)
+    return routing_summary(iteration)
+
+
+def routing_summary(iteration: Iteration) -> dict[str, Any]:
+    """Counts by route and the seed's headline ratio: the share of validated trajectories that reached SFT."""
+    counts = dict(
+        Validation.objects.filter(iteration=iteration).order_by().values_list("route").annotate(n=Count("id"))
+    )
+    validated = sum(counts.values())
+    by_route = {route: counts.get(route, 0) for route in Route.values}
+    return {
+        "validated": validated,
+        "routes": by_route,
+        "sft_share": round(by_route[Route.SFT] / validated, 4) if validated else None,
+    }
+
+
+def route_counts_by(iteration: Iteration, field: str) -> dict[str, dict[str, int]]:
+    """{value of `field` (e.g. trajectory__mode): {route: n}} for an iteration's validations."""
+    out: dict[str, dict[str, int]] = {}
+    rows = Validation.objects.filter(iteration=iteration).order_by().values_list(field, "route").annotate(n=Count("id"))
+    for value, route, n in rows:
+        out.setdefault(str(value or "—"), {})[route] = n
+    return out

@@ -1,0 +1,80 @@
+"""`manage.py flywheel run …`: start an iteration from the shell, run here (by hand) or queued for a worker."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils.dateparse import parse_datetime
+
+from flywheel.iterations import IterationError, run_iteration, start_iteration
+from flywheel.models import AVAILABLE_STAGES, Iteration, ModelVersion
+
+
+class Command(BaseCommand):
+    help = (
+        "Flywheel iterations: `run` starts one (validation+routing, export) and runs it in this process or queues it."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        sub = parser.add_subparsers(dest="action", required=True)
+        run = sub.add_parser("run", help="start an iteration")
+        run.add_argument("--base-model", help="registry name of the base model")
+        run.add_argument("--scope", choices=Iteration.Scope.values, default=Iteration.Scope.NEW)
+        run.add_argument("--mode", action="append", default=[], help="trajectory mode in scope (repeatable)")
+        run.add_argument("--domain", action="append", default=[], help="task domain in scope (repeatable)")
+        run.add_argument("--from", dest="date_from", help="ISO date-time: submitted at or after")
+        run.add_argument("--to", dest="date_to", help="ISO date-time: submitted before")
+        run.add_argument(
+            "--stage", action="append", default=[], help=f"stage to run (repeatable; available: {AVAILABLE_STAGES})"
+        )
+        run.add_argument("--config", default="{}", help='JSON: {"v": {...}, "export": {"coordinates": ...}}')
+        run.add_argument("--queue", action="store_true", help="queue it for a Celery worker instead of running here")
+        resume = sub.add_parser("resume", help="run the remaining stages of an iteration here")
+        resume.add_argument("iteration", type=int)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["action"] == "resume":
+            self._report(run_iteration(options["iteration"]))
+            return
+        try:
+            config = json.loads(options["config"])
+        except json.JSONDecodeError as exc:
+            raise CommandError(f"--config is not JSON: {exc.msg}") from None
+        base = None
+        if options["base_model"]:
+            base = ModelVersion.objects.filter(name=options["base_model"]).first()
+            if base is None:
+                raise CommandError(f"no model named {options['base_model']!r} in the registry")
+        dates = {}
+        for key in ("date_from", "date_to"):
+            if options[key]:
+                dates[key] = parse_datetime(options[key])
+                if dates[key] is None:
+                    raise CommandError(f"--{key[5:]} is not an ISO date-time: {options[key]!r}")
+        try:
+            iteration = start_iteration(
+                None,
+                base_model=base,
+                scope=options["scope"],
+                modes=options["mode"],
+                domains=options["domain"],
+                stages=options["stage"] or None,
+                config=config,
+                enqueue=options["queue"],
+                **dates,
+            )
+        except IterationError as exc:
+            raise CommandError(str(exc)) from None
+        if options["queue"]:
+            self.stdout.write(f"iteration {iteration.pk} queued on the flywheel queue")
+            return
+        self._report(run_iteration(iteration.pk))
+
+    def _report(self, iteration: Iteration) -> None:
+        self.stdout.write(f"iteration {iteration.pk}: {iteration.status}")
+        for name, entry in iteration.stages.items():
+            self.stdout.write(f"  {name}: {entry.get('status')} {json.dumps(entry.get('output'))}")
+        if iteration.status == Iteration.Status.FAILED:
+            raise CommandError(iteration.error)
