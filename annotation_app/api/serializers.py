@@ -133,6 +133,8 @@ class StepSerializer(serializers.ModelSerializer):
             "action_text",
             "action",
             "source",
+            "status",
+            "error",
             "candidates",
             "screenshot_url",
             "screenshot_sha256",
