@@ -655,7 +655,7 @@ def table_pipeline(args: argparse.Namespace, user: Any, media: Path) -> tuple[st
         patched(pipeline, "parse_lines", timed("parse")),
         patched(pipeline, "reduce_events", timed("reduce")),
         patched(pipeline, "load_audio", timed("decode")),
-        patched(asr, "speech_windows", timed("vad")),
+        patched(asr, "speech_regions", timed("vad")),
         patched(pipeline, "_process", ends),
     ):
         started = time.perf_counter()

@@ -96,12 +96,17 @@ class Transcriber(Protocol):
 
 @dataclass
 class VadSettings:
-    """Silero VAD settings (see `faster_whisper.vad.VadOptions`): what counts as speech, and padding around it."""
+    """Silero VAD settings (see `faster_whisper.vad.VadOptions`): what counts as speech, and how regions are formed.
+
+    One VAD pass finds speech at its own resolution (pauses over `word_gap_ms` split it); those regions are merged
+    across pauses shorter than `min_silence_duration_ms` and padded by `speech_pad_ms` to make what Whisper decodes,
+    and word times are then snapped back onto the unpadded speech, so padding never moves a word into a pause."""
 
     threshold: float = 0.5
     min_speech_duration_ms: int = 0
     min_silence_duration_ms: int = 2000
     speech_pad_ms: int = 400
+    word_gap_ms: int = 160
 
 
 class _Timeline:
@@ -152,7 +157,8 @@ class _VadWhisper:
         language = self.language
         prompt: str | None = None
         with self._lock:
-            for window in speech_windows(audio, self.vad):
+            regions = speech_regions(audio, self.vad)
+            for window in speech_windows(audio, self.vad, regions):
                 timeline = _Timeline(window)
                 chunk = np.concatenate([audio[r["start"] : r["end"]] for r in window])
                 found, detected = self._transcribe_window(chunk, prompt)
@@ -162,22 +168,49 @@ class _VadWhisper:
                 if self.condition_on_previous_text and mapped:
                     prompt = " ".join(segment.text for segment in mapped) or prompt
                 report(min(1.0, window[-1]["end"] / audio.size))
+        _snap_to_speech([word for segment in segments for word in segment.words], regions)
         _make_monotonic(segments, duration)
         report(1.0)
         words = [word for segment in segments for word in segment.words]
         return Transcript(words, segments, duration, language, self.backend, self.model_name)
 
 
-def speech_windows(audio: np.ndarray, vad: VadSettings | None = None) -> list[list[dict[str, int]]]:
-    """Silero VAD speech regions (sample offsets), packed in order into windows of at most `WINDOW_SECONDS`."""
+def speech_regions(audio: np.ndarray, vad: VadSettings | None = None) -> list[dict[str, int]]:
+    """Silero VAD speech regions (sample offsets), unpadded, split at pauses longer than `word_gap_ms`."""
     from faster_whisper.vad import VadOptions, get_speech_timestamps
 
     settings = vad or VadSettings()
-    options = VadOptions(**asdict(settings), max_speech_duration_s=WINDOW_SECONDS)
-    regions = get_speech_timestamps(audio, options, sampling_rate=SAMPLE_RATE)
+    options = VadOptions(
+        threshold=settings.threshold, min_speech_duration_ms=settings.min_speech_duration_ms,
+        min_silence_duration_ms=settings.word_gap_ms, speech_pad_ms=0, max_speech_duration_s=WINDOW_SECONDS,
+    )  # fmt: skip
+    return get_speech_timestamps(audio, options, sampling_rate=SAMPLE_RATE)
+
+
+def speech_windows(
+    audio: np.ndarray, vad: VadSettings | None = None, regions: list[dict[str, int]] | None = None
+) -> list[list[dict[str, int]]]:
+    """The regions Whisper decodes (speech merged across short pauses, padded), packed in order into windows of at
+    most `WINDOW_SECONDS`; `regions` are `speech_regions(audio, vad)` when the caller has them already."""
+    settings = vad or VadSettings()
+    fine = speech_regions(audio, settings) if regions is None else regions
+    pad, merge = settings.speech_pad_ms * SAMPLE_RATE // 1000, settings.min_silence_duration_ms * SAMPLE_RATE // 1000
+    limit = int(WINDOW_SECONDS * SAMPLE_RATE)
+    merged: list[dict[str, int]] = []
+    for region in fine:
+        last = merged[-1] if merged else None
+        if last and region["start"] - last["end"] < merge and region["end"] - last["start"] + 2 * pad <= limit:
+            last["end"] = region["end"]
+        else:
+            merged.append(dict(region))
+    bounds = [(region["start"], region["end"]) for region in merged]
+    for i, region in enumerate(merged):  # pad, splitting a pause shorter than two pads between its neighbours
+        start, end = bounds[i]
+        region["start"] = max(start - pad, (bounds[i - 1][1] + start) // 2 if i else 0)
+        region["end"] = min(end + pad, (end + bounds[i + 1][0]) // 2 if i + 1 < len(bounds) else audio.size)
     windows: list[list[dict[str, int]]] = []
-    size, limit = 0, int(WINDOW_SECONDS * SAMPLE_RATE)
-    for region in regions:
+    size = 0
+    for region in merged:
         length = region["end"] - region["start"]
         if not windows or size + length > limit:
             windows.append([])
@@ -185,6 +218,20 @@ def speech_windows(audio: np.ndarray, vad: VadSettings | None = None) -> list[li
         windows[-1].append(region)
         size += length
     return windows
+
+
+def _snap_to_speech(words: list[Word], regions: list[dict[str, int]]) -> None:
+    """Move a word's start that lies in a pause to the speech after it, and an end in a pause to the speech before
+    it: Whisper's timestamps reach into the padding and across pauses it was given."""
+    starts = [r["start"] / SAMPLE_RATE for r in regions]
+    ends = [r["end"] / SAMPLE_RATE for r in regions]
+    for word in words:
+        i = bisect.bisect_right(starts, word.start) - 1  # the last region starting at or before the word
+        if (i < 0 or word.start > ends[i]) and i + 1 < len(starts) and starts[i + 1] < word.end:
+            word.start = round(starts[i + 1], 3)
+        j = bisect.bisect_right(starts, word.end) - 1
+        if j >= 0 and word.end > ends[j] and ends[j] > word.start:
+            word.end = round(ends[j], 3)
 
 
 def _map_segment(segment: Segment, timeline: _Timeline) -> Segment:
