@@ -3,7 +3,9 @@
 Policies answer `generate(conversations) -> (replies, version)`:
 - `LocalPolicy` runs a transformers model in-process; requests from many episode threads are gathered into one
   batched `generate` call (a small continuous batcher), so the pool's concurrency becomes batch size.
-- `RemotePolicy` speaks OpenAI chat completions (vLLM in production, or the embedded policy server).
+- `RemotePolicy` speaks OpenAI chat completions (vLLM in production, or the embedded policy server) and records each
+  turn's generated token ids and their log-probs as the server computed them while sampling (`logprobs`,
+  `token_ids` on the assistant message), so no second forward pass is needed to know the behaviour policy.
 
 `RolloutPool` keeps `concurrency` episodes running: the trainer takes a batch as soon as enough are finished while the
 rest go on (UI-TARS-2's streaming updates, 2.5.2). Every assistant turn carries the policy version that wrote it, and a
@@ -34,6 +36,10 @@ from training.envs import Env
 class Reply:
     text: str
     truncated: bool = False  # cut at the token limit rather than ended by the model
+    # The behaviour policy's log-prob of each generated token (the end token included) and those tokens, recorded at
+    # generation where the server returns them (RemotePolicy); None where nothing was recorded (LocalPolicy).
+    logprobs: tuple[float, ...] | None = None
+    token_ids: tuple[int, ...] | None = None
 
 
 class Policy(Protocol):
@@ -148,10 +154,11 @@ class RemotePolicy:
     data URLs. `version` and `model` are what the caller last synchronised to the server (docs/training.md)."""
 
     def __init__(self, base_url: str, model: str, sampling: SamplingParams | None = None, api_key: str = "",
-                 timeout_s: float = 120.0):  # fmt: skip
+                 timeout_s: float = 120.0, record_logprobs: bool = True):  # fmt: skip
         from training.policy.client import PolicyClient
 
         self.model = model
+        self.record_logprobs = record_logprobs
         self.sampling = sampling or SamplingParams()
         self.version = 0
         self.client = PolicyClient(base_url, model, api_key=api_key, timeout_s=timeout_s, constrain=False)
@@ -169,8 +176,23 @@ class RemotePolicy:
             "temperature": self.sampling.temperature,
             "top_p": self.sampling.top_p,
         }
+        if self.record_logprobs:  # OpenAI's logprobs plus vLLM's token ids: no second forward pass to know them
+            body.update(logprobs=True, return_token_ids=True)
         choice = self.client.complete(body)["choices"][0]
-        return Reply(choice["message"]["content"] or "", choice.get("finish_reason") == "length"), version
+        text, truncated = choice["message"]["content"] or "", choice.get("finish_reason") == "length"
+        return Reply(text, truncated, *recorded_tokens(choice)), version
+
+
+def recorded_tokens(choice: dict[str, Any]) -> tuple[tuple[float, ...] | None, tuple[int, ...] | None]:
+    """The per-token log-probs (OpenAI's `logprobs.content[i].logprob`) and token ids (vLLM's `token_ids`) of one
+    chat-completion choice; None for what the server did not return, or log-probs whose count disagrees with the ids."""
+    content = (choice.get("logprobs") or {}).get("content")
+    logprobs = None if content is None else tuple(float(entry["logprob"]) for entry in content)
+    ids = choice.get("token_ids")
+    token_ids = None if ids is None else tuple(int(i) for i in ids)
+    if logprobs is not None and token_ids is not None and len(logprobs) != len(token_ids):
+        return None, token_ids
+    return logprobs, token_ids
 
 
 def _openai_message(message: dict[str, Any], base_dir: Path | None) -> dict[str, Any]:
@@ -196,10 +218,15 @@ def episode_return(episode: Episode) -> float:
 
 
 def turn_message(reply: Reply, feedback: Any, version: int) -> dict[str, Any]:
-    """The assistant message stored for one turn: text, the turn's reward, the policy version, truncation."""
+    """The assistant message stored for one turn: text, the turn's reward, the policy version, truncation, and the
+    generated tokens with their behaviour log-probs where the policy recorded them."""
     message = {"role": "assistant", "content": reply.text, "reward": feedback.reward, "version": version}
     if reply.truncated:
         message["truncated"] = True
+    if reply.logprobs is not None:
+        message["logprobs"] = list(reply.logprobs)
+    if reply.token_ids is not None:
+        message["token_ids"] = list(reply.token_ids)
     return message
 
 

@@ -1,8 +1,11 @@
 """The embedded policy server: a local transformers checkpoint behind the OpenAI chat-completions protocol, on CPU.
 
-Same wire format as `vllm serve` (images as data URLs, `n` candidates, `temperature`, `top_p`, `max_tokens`, `seed`,
-and `structured_outputs={"regex": …}` / `guided_regex` for grammar-constrained decoding), so the web app and the
-trainer talk to either without knowing which. With no checkpoint it builds the tiny random one (training.policy.tiny).
+Same wire format as `vllm serve`, so the web app, the trainer and the official `openai` client talk to either without
+knowing which: images as data URLs, `n` candidates, `temperature`, `top_p`, `max_tokens`/`max_completion_tokens`,
+`seed`, `structured_outputs={"regex": …}` / `guided_regex` for grammar-constrained decoding, `stream` (server-sent
+`chat.completion.chunk` events ending in `data: [DONE]`, `stream_options.include_usage`), `logprobs`/`top_logprobs`
+(the model's raw per-token log-probs, vLLM's default), vLLM's `return_token_ids` and `return_tokens_as_token_ids`, and
+a 404 for a model it does not serve. With no checkpoint it builds the tiny random one (training.policy.tiny).
 
     python -m training.policy.server --checkpoint var/models/tiny-uitars --port 8020
 """
@@ -12,22 +15,42 @@ from __future__ import annotations
 import argparse
 import base64
 import io
+import json
 import os
+import queue
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
 
 DEFAULT_CHECKPOINT = Path("var/models/tiny-uitars")
+DEFAULT_MAX_TOKENS = 256
+MAX_TOKENS = 4096
+MAX_TOP_LOGPROBS = 20  # OpenAI's and vLLM's default limit
 
 
 class BadRequest(ValueError):
     """The request is well formed JSON but cannot be served (HTTP 400, OpenAI error shape)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class UnknownModel(LookupError):
+    """The request names a model this server does not serve (HTTP 404, as vLLM answers)."""
+
+
+def error_body(message: str, kind: str, status: int, param: str | None = None) -> dict[str, Any]:
+    """OpenAI's error object, as vLLM fills it (`type` is the exception name, `code` the HTTP status)."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 
 class ChatMessage(BaseModel):
@@ -35,20 +58,98 @@ class ChatMessage(BaseModel):
     content: str | list[dict[str, Any]]
 
 
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
 class ChatRequest(BaseModel):
-    model: str = ""
+    model: str | None = None  # empty: the served model (vLLM's rule)
     messages: list[ChatMessage] = Field(min_length=1)
     n: int = Field(default=1, ge=1, le=16)
     temperature: float = Field(default=1.0, ge=0, le=5)
     top_p: float = Field(default=1.0, gt=0, le=1)
-    max_tokens: int = Field(default=256, ge=1, le=4096)
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
     seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    return_token_ids: bool = False  # vLLM extension: choices[i].token_ids, prompt_token_ids
+    return_tokens_as_token_ids: bool = False  # vLLM extension: logprob tokens as "token_id:N"
     structured_outputs: dict[str, Any] | None = None
     guided_regex: str | None = None
 
+    def check(self) -> None:
+        """vLLM's cross-field rules, answered with a 400 naming the parameter."""
+        if self.stream_options is not None and not self.stream:
+            raise BadRequest("Stream options can only be defined when `stream=True`.", "stream_options")
+        if self.top_logprobs and not self.logprobs:
+            raise BadRequest("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs")
+
+    @property
+    def token_limit(self) -> int:
+        return self.max_completion_tokens or self.max_tokens or DEFAULT_MAX_TOKENS
+
+
+@dataclass
+class Prepared:
+    """A request rendered into the model's inputs, before any generation (so its errors are plain HTTP errors)."""
+
+    request: ChatRequest
+    input_ids: Any
+    vision: dict[str, Any]
+    pattern: str | None
+
+
+@dataclass
+class Choice:
+    """One of the `n` sequences being generated: its token ids (the end token included, as vLLM counts it), their
+    log-prob entries, the text already streamed and why it ended."""
+
+    index: int
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
+    streamed: str = ""
+    finish_reason: str | None = None
+    ended_by_eos: bool = False
+
+    def text_ids(self) -> list[int]:
+        return self.ids[:-1] if self.ended_by_eos else self.ids
+
+
+class _Steps:
+    """A transformers streamer (put/end): hands each decoding step's tokens, one per sequence, to `on_step`; the
+    first `put` is the prompt."""
+
+    def __init__(self, on_step: Callable[[list[int]], None]) -> None:
+        self.on_step = on_step
+        self.prompt_seen = False
+
+    def put(self, value: Any) -> None:
+        if not self.prompt_seen:
+            self.prompt_seen = True
+            return
+        self.on_step(value.reshape(-1).tolist())
+
+    def end(self) -> None:
+        """Nothing is buffered here."""
+
+
+class _Cancelled:
+    """A transformers stopping criterion: stops every sequence once `event` is set (a streaming client went away)."""
+
+    def __init__(self, event: threading.Event) -> None:
+        self.event = event
+
+    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+        import torch
+
+        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device)
+
 
 class PolicyEngine:
-    """One checkpoint in memory; `complete` runs one request at a time (generation seeds the global RNG)."""
+    """One checkpoint in memory; generation runs one request at a time (it seeds the global RNG)."""
 
     def __init__(self, checkpoint: Path, *, name: str | None = None, threads: int | None = None) -> None:
         import torch
@@ -59,7 +160,9 @@ class PolicyEngine:
         if threads:
             torch.set_num_threads(threads)
         self.torch = torch
-        self.name = name or Path(checkpoint).name
+        self.checkpoint = Path(checkpoint)
+        self.name = name or self.checkpoint.name
+        self.created = int(time.time())
         self.tokenizer = AutoTokenizer.from_pretrained(checkpoint)
         self.image_processor = AutoImageProcessor.from_pretrained(checkpoint)
         self.model = AutoModelForImageTextToText.from_pretrained(checkpoint, dtype=torch.float32).eval()
@@ -70,6 +173,16 @@ class PolicyEngine:
         self.eos = self.model.generation_config.eos_token_id
         self.eos = self.eos[0] if isinstance(self.eos, list) else self.eos
         self.lock = threading.Lock()
+        self._token_text: dict[int, str] = {}
+
+    def serves(self, model: str | None) -> bool:
+        """Whether a request naming `model` is ours; no name means the served model, as in vLLM."""
+        return not model or model == self.name
+
+    def models(self) -> list[dict[str, Any]]:
+        """The `/v1/models` entries (vLLM's fields: id, created, owned_by, root, parent)."""
+        return [{"id": self.name, "object": "model", "created": self.created, "owned_by": "local",
+                 "root": str(self.checkpoint), "parent": None}]  # fmt: skip
 
     def _render(self, messages: list[ChatMessage]) -> tuple[str, list[Any]]:
         from PIL import Image, UnidentifiedImageError
@@ -99,70 +212,220 @@ class PolicyEngine:
         prompt = self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
         return prompt, images
 
-    def complete(self, request: ChatRequest) -> dict[str, Any]:
-        from .constrained import RegexLogitsProcessor
-
-        torch = self.torch
+    def prepare(self, request: ChatRequest) -> Prepared:
+        """Check the request and render it into token ids and image tensors (raises BadRequest / UnknownModel)."""
+        if not self.serves(request.model):
+            raise UnknownModel(f"The model `{request.model}` does not exist.")
+        request.check()
         prompt, images = self._render(request.messages)
-        inputs: dict[str, Any] = {}
+        vision: dict[str, Any] = {}
         if images:
-            vision = self.image_processor(images=images, return_tensors="pt")
-            inputs = {"pixel_values": vision["pixel_values"], "image_grid_thw": vision["image_grid_thw"]}
+            processed = self.image_processor(images=images, return_tensors="pt")
+            vision = {"pixel_values": processed["pixel_values"], "image_grid_thw": processed["image_grid_thw"]}
             pieces = prompt.split(self.image_token)
             if len(pieces) != len(images) + 1:
                 raise BadRequest("the chat template placed a different number of images than were sent")
-            counts = [int(grid.prod()) // self.merge**2 for grid in vision["image_grid_thw"]]
+            counts = [int(grid.prod()) // self.merge**2 for grid in processed["image_grid_thw"]]
             prompt = pieces[0] + "".join(self.image_token * c + p for c, p in zip(counts, pieces[1:], strict=True))
         input_ids = self.tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
         pattern = (request.structured_outputs or {}).get("regex") or request.guided_regex
+        return Prepared(request, input_ids, vision, pattern)
+
+    def _token(self, token_id: int, as_id: bool) -> dict[str, Any]:
+        """A token as OpenAI's logprob entries name it: its text (special tokens spelled out) and UTF-8 bytes."""
+        if as_id:
+            text = f"token_id:{token_id}"
+        else:
+            text = self._token_text.get(token_id)
+            if text is None:
+                text = self._token_text[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return {"token": text, "bytes": list(text.encode("utf-8", errors="replace"))}
+
+    def _logprob_entry(self, token_id: int, row: Any, request: ChatRequest) -> dict[str, Any]:
+        """OpenAI's `logprobs.content[i]`: the sampled token's log-prob and the `top_logprobs` most likely ones,
+        most likely first. Values are the model's raw distribution (before temperature, top-p and the grammar mask,
+        as vLLM's default `raw_logprobs`), so they are what the trainer computes for the same tokens; -inf is
+        clamped to -9999 as vLLM does, to stay valid JSON."""
+        as_id = request.return_tokens_as_token_ids
+        entry = {**self._token(token_id, as_id), "logprob": max(float(row[token_id]), -9999.0), "top_logprobs": []}
+        if request.top_logprobs:
+            values, ids = self.torch.topk(row, request.top_logprobs)
+            entry["top_logprobs"] = [{**self._token(int(i), as_id), "logprob": max(float(v), -9999.0)}
+                                     for v, i in zip(values.tolist(), ids.tolist(), strict=True)]  # fmt: skip
+        return entry
+
+    def generate(self, prepared: Prepared, on_token: Callable[[Choice, str], None] | None = None,
+                 cancel: threading.Event | None = None) -> list[Choice]:  # fmt: skip
+        """Generate the request's `n` sequences; `on_token(choice, delta_text)` is called after every token of a
+        sequence (the streaming path), with the text it adds; a sequence's last call has its finish_reason set."""
+        from transformers import StoppingCriteriaList
+
+        from .constrained import RegexLogitsProcessor
+
+        torch, request = self.torch, prepared.request
+        limit = request.token_limit
+        choices = [Choice(index) for index in range(request.n)]
+        logits: list[Any] = [None]
+
+        def keep_logits(module: Any, args: Any, output: Any) -> None:  # the raw distribution of this step's tokens
+            logits[0] = torch.log_softmax(output.logits[:, -1].float(), dim=-1)
+
+        def on_step(tokens: list[int]) -> None:
+            for choice, token in zip(choices, tokens, strict=True):
+                if choice.finish_reason is not None:
+                    continue  # generate pads a finished sequence; those tokens are not its own
+                choice.ids.append(token)
+                if request.logprobs:
+                    choice.logprobs.append(self._logprob_entry(token, logits[0][choice.index], request))
+                if token == self.eos:
+                    choice.finish_reason, choice.ended_by_eos = "stop", True
+                elif len(choice.ids) >= limit:
+                    choice.finish_reason = "length"
+                if on_token is not None:
+                    on_token(choice, self._delta(choice))
+
         processors = []
-        if pattern:
-            processors.append(RegexLogitsProcessor(pattern, self.token_strings, self.eos, input_ids.shape[1]))
+        if prepared.pattern:
+            processors.append(
+                RegexLogitsProcessor(prepared.pattern, self.token_strings, self.eos, prepared.input_ids.shape[1])
+            )
+        stopping = StoppingCriteriaList([_Cancelled(cancel)] if cancel is not None else [])
         sample = request.temperature > 0
         with self.lock, torch.inference_mode():
-            if request.seed is not None:
-                torch.manual_seed(request.seed)
-            output = self.model.generate(
-                input_ids=input_ids,
-                attention_mask=torch.ones_like(input_ids),
-                **inputs,
-                do_sample=sample,
-                temperature=request.temperature if sample else None,
-                top_p=request.top_p if sample else None,
-                top_k=None,
-                num_return_sequences=request.n,
-                max_new_tokens=request.max_tokens,
-                logits_processor=processors,
-                eos_token_id=self.eos,
-                pad_token_id=self.tokenizer.pad_token_id,
-            )
-        generated = output[:, input_ids.shape[1] :]
-        choices = []
-        for index, ids in enumerate(generated.tolist()):
-            finished = self.eos in ids
-            ids = ids[: ids.index(self.eos)] if finished else ids
-            text = self.tokenizer.decode(ids, skip_special_tokens=True)
-            choices.append(
-                {
-                    "index": index,
-                    "message": {"role": "assistant", "content": text},
-                    "finish_reason": "stop" if finished else "length",
-                    "completion_tokens": len(ids),
-                }
-            )
-        completion = sum(c.pop("completion_tokens") for c in choices)
-        return {
+            hook = self.model.register_forward_hook(keep_logits) if request.logprobs else None
+            try:
+                if request.seed is not None:
+                    torch.manual_seed(request.seed)
+                self.model.generate(
+                    input_ids=prepared.input_ids,
+                    attention_mask=torch.ones_like(prepared.input_ids),
+                    **prepared.vision,
+                    do_sample=sample,
+                    temperature=request.temperature if sample else None,
+                    top_p=request.top_p if sample else None,
+                    top_k=None,
+                    num_return_sequences=request.n,
+                    max_new_tokens=limit,
+                    logits_processor=processors,
+                    stopping_criteria=stopping,
+                    eos_token_id=self.eos,
+                    pad_token_id=self.tokenizer.pad_token_id,
+                    streamer=_Steps(on_step),
+                )
+            finally:
+                if hook is not None:
+                    hook.remove()
+        for choice in choices:  # stopped early (cancelled, or the model's own length limit)
+            if choice.finish_reason is None:
+                choice.finish_reason = "length"
+                if on_token is not None:
+                    on_token(choice, self._delta(choice))
+        return choices
+
+    def _delta(self, choice: Choice) -> str:
+        """The text a sequence's newest token adds. A token that ends inside a multi-byte character adds nothing
+        until the character is complete; the last call flushes, so the deltas join to exactly the final text."""
+        text = self.tokenizer.decode(choice.text_ids(), skip_special_tokens=True)
+        if not text.startswith(choice.streamed):
+            return ""
+        if choice.finish_reason is None and text.endswith("\ufffd"):
+            return ""
+        delta = text[len(choice.streamed) :]
+        choice.streamed = text
+        return delta
+
+    def _text(self, choice: Choice) -> str:
+        return self.tokenizer.decode(choice.text_ids(), skip_special_tokens=True)
+
+    def _usage(self, prepared: Prepared, choices: list[Choice]) -> dict[str, int]:
+        prompt = int(prepared.input_ids.shape[1])
+        completion = sum(len(c.ids) for c in choices)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def complete(self, request: ChatRequest) -> dict[str, Any]:
+        """One `chat.completion` object (the non-streaming answer)."""
+        prepared = self.prepare(request)
+        choices = self.generate(prepared)
+        body: dict[str, Any] = {
             "id": "chatcmpl-" + uuid.uuid4().hex,
             "object": "chat.completion",
             "created": int(time.time()),
-            "model": request.model or self.name,
-            "choices": choices,
-            "usage": {
-                "prompt_tokens": int(input_ids.shape[1]),
-                "completion_tokens": completion,
-                "total_tokens": int(input_ids.shape[1]) + completion,
-            },
+            "model": self.name,
+            "choices": [self._choice(c, request) for c in choices],
+            "usage": self._usage(prepared, choices),
         }
+        if request.return_token_ids:
+            body["prompt_token_ids"] = prepared.input_ids[0].tolist()
+        return body
+
+    def _choice(self, choice: Choice, request: ChatRequest) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "index": choice.index,
+            "message": {"role": "assistant", "content": self._text(choice)},
+            "logprobs": {"content": choice.logprobs} if request.logprobs else None,
+            "finish_reason": choice.finish_reason,
+        }
+        if request.return_token_ids:
+            out["token_ids"] = choice.ids
+        return out
+
+    def stream(self, request: ChatRequest) -> Iterator[str]:
+        """Server-sent events as vLLM sends them: per sequence a first chunk with the role, then one chunk per token
+        (its text delta and log-probs), the last with its finish_reason; with `stream_options.include_usage` a
+        final chunk with no choices and the usage; then `data: [DONE]`. The request is checked before this
+        returns, so a bad one is an HTTP error, not a stream."""
+        prepared = self.prepare(request)
+        return self._events(prepared)
+
+    def _events(self, prepared: Prepared) -> Iterator[str]:
+        request = prepared.request
+        head = {"id": "chatcmpl-" + uuid.uuid4().hex, "object": "chat.completion.chunk", "created": int(time.time()),
+                "model": self.name}  # fmt: skip
+        events: queue.Queue[dict[str, Any] | Exception | None] = queue.Queue()
+        cancel = threading.Event()
+        result: list[list[Choice]] = []
+
+        def on_token(choice: Choice, delta: str) -> None:
+            part: dict[str, Any] = {"index": choice.index, "delta": {"content": delta},
+                                    "logprobs": None, "finish_reason": choice.finish_reason}  # fmt: skip
+            if request.logprobs:
+                part["logprobs"] = {"content": choice.logprobs[-1:]}
+            if request.return_token_ids:
+                part["token_ids"] = choice.ids[-1:]
+            events.put({**head, "choices": [part]})
+
+        def work() -> None:
+            try:
+                result.append(self.generate(prepared, on_token, cancel))
+            except Exception as exc:  # the client learns why, in the stream (vLLM's way)
+                events.put(exc)
+            finally:
+                events.put(None)
+
+        thread = threading.Thread(target=work, name="policy-stream", daemon=True)
+        try:
+            for index in range(request.n):
+                first = {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                         "finish_reason": None}  # fmt: skip
+                chunk = {**head, "choices": [first]}
+                if request.return_token_ids and index == 0:
+                    chunk["prompt_token_ids"] = prepared.input_ids[0].tolist()
+                yield _sse(chunk)
+            thread.start()
+            while (event := events.get()) is not None:
+                if isinstance(event, Exception):
+                    yield _sse(error_body(str(event), "InternalServerError", 500))
+                else:
+                    yield _sse(event)
+            if result and request.stream_options is not None and request.stream_options.include_usage:
+                yield _sse({**head, "choices": [], "usage": self._usage(prepared, result[0])})
+            yield "data: [DONE]\n\n"
+        finally:
+            cancel.set()  # a client that goes away stops the generation at the next token
+
+
+def _sse(data: dict[str, Any]) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
 def create_app(engine: PolicyEngine) -> FastAPI:
@@ -170,7 +433,11 @@ def create_app(engine: PolicyEngine) -> FastAPI:
 
     @app.exception_handler(BadRequest)
     async def bad_request(request: Any, exc: BadRequest) -> JSONResponse:
-        return JSONResponse({"error": {"message": str(exc), "type": "invalid_request_error"}}, status_code=400)
+        return JSONResponse(error_body(str(exc), "BadRequestError", 400, exc.param), status_code=400)
+
+    @app.exception_handler(UnknownModel)
+    async def unknown_model(request: Any, exc: UnknownModel) -> JSONResponse:
+        return JSONResponse(error_body(str(exc.args[0]), "NotFoundError", 404, "model"), status_code=404)
 
     @app.get("/health")
     def health() -> dict[str, str]:
@@ -178,10 +445,12 @@ def create_app(engine: PolicyEngine) -> FastAPI:
 
     @app.get("/v1/models")
     def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": engine.name, "object": "model", "owned_by": "local"}]}
+        return {"object": "list", "data": engine.models()}
 
-    @app.post("/v1/chat/completions")
-    def chat_completions(request: ChatRequest) -> dict[str, Any]:
+    @app.post("/v1/chat/completions", response_model=None)
+    def chat_completions(request: ChatRequest) -> dict[str, Any] | StreamingResponse:
+        if request.stream:
+            return StreamingResponse(engine.stream(request), media_type="text/event-stream")
         return engine.complete(request)
 
     return app
