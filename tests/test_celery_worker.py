@@ -32,6 +32,7 @@ QUEUE_OF = {
     "annotation_app.live.propose": "live",
     "annotation_app.live.start_capture": "live",
     "annotation_app.tasks.release_stale_assignments": "default",
+    "flywheel.run_iteration": "flywheel",
 }
 
 
