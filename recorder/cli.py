@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("login", help="store the server URL and your API token (checked against the server)")
     p.add_argument("--server", required=True, help="the platform's URL, e.g. https://annotate.example.org")
-    p.add_argument("--token", required=True, help="your API token (the Think-aloud page /insitu/, or POST /api/auth/token/)")
+    p.add_argument("--token", required=True, help="your API token (Think-aloud page /insitu/ or POST /api/auth/token/)")
     p.set_defaults(run=cmd_login)
 
     p = sub.add_parser("tasks", help="your current task (takes the next one from your queue if you have none)")
