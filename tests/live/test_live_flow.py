@@ -35,6 +35,9 @@ pytestmark = [needs_desktop, pytest.mark.slow]
 
 # Which proposal the flow test accepts: one whose effect on the desktop can be checked, pointer actions first.
 PREFERENCE = {"click": 0, "left_double": 0, "right_single": 1, "drag": 1, "scroll": 1, "type": 2, "hotkey": 3}
+# A terminal over the whole screen that shows the input it gets: mouse reporting on (a click or a wheel notch prints
+# its escape sequence), signals off (a hotkey shows as ^C instead of ending it), so every accepted action is seen.
+ECHO_INPUT = "printf '\\033[?1000h'; stty -isig; while :; do cat; done"
 REFUSE_DONE = """
 CREATE FUNCTION refuse_done() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN RAISE EXCEPTION 'disk full'; END $$;
@@ -58,7 +61,7 @@ def proposals_ready(session: LiveSession, index: int) -> bool:
 def started(live_worker, embedded_model, make_user):
     """An annotator's live session on a desktop task, started by the worker, with its first proposals ready."""
     annotator = make_user(Role.ANNOTATOR)
-    setup = [{"type": "launch", "parameters": {"command": ["xterm", "-maximized"]}}]  # every click lands in it
+    setup = [{"type": "launch", "parameters": {"command": ["xterm", "-maximized", "-e", "sh", "-c", ECHO_INPUT]}}]
     task = TaskFactory(instruction="Open a terminal and type hello.", setup_config=setup)
     next_task(annotator)
     session = live.open_live(annotator, task)
@@ -93,7 +96,9 @@ def test_accept_override_finish_stores_the_on_policy_trajectory(started):
     assert step.candidates[choice]["points"] == screen_points and step.candidates[choice]["raw"] == shown["raw"]
     assert [p for a in step.action["actions"] for k in ("point", "start", "end") if (p := a.get(k))] == screen_points
     assert step.status == Step.Status.DONE and step.action_text == step.candidates[choice]["action_text"]
-    # ... and the accepted action reached the desktop there
+    # ... and the accepted action reached the desktop there, and changed the screen
+    session.refresh_from_db()
+    assert session.observation.read() != first_screen, shown
     kinds = {e["type"] for e in events}
     for x, y in screen_points:
         assert any(e.get("x") == x and e.get("y") == y for e in events), (screen_points, events)
