@@ -36,6 +36,8 @@ export SANDBOX_URL="${SANDBOX_URL:-http://127.0.0.1:$SANDBOX_PORT}"
 export SANDBOX_REDIS_URL="${SANDBOX_REDIS_URL:-$REDIS_URL/3}"
 export SANDBOX_NAMESPACE="${SANDBOX_NAMESPACE:-sandbox}"
 export SANDBOX_WARM="${SANDBOX_WARM:-0}"
+# The only directory OSWorld upload_file steps copy host files from (checked at task import and at setup).
+export SANDBOX_TASK_FILES="${SANDBOX_TASK_FILES:-$VAR/task-files}"
 export VNC_PORT="${VNC_PORT:-6080}"
 # The embedded policy server (a local transformers checkpoint behind the OpenAI protocol) for live proposals.
 export POLICY_PORT="${POLICY_PORT:-8020}"
