@@ -3,7 +3,7 @@
 from django.contrib import admin
 from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
 
-from .models import Assignment, LiveSession, Recording, Review, Step, Task, Trajectory, User
+from .models import Assignment, Capture, LiveSession, Recording, Review, Step, Task, Trajectory, User
 
 
 @admin.register(User)
@@ -52,10 +52,17 @@ class StepInline(admin.TabularInline):
 
 @admin.register(Trajectory)
 class TrajectoryAdmin(admin.ModelAdmin):
-    list_display = ("id", "task", "annotator", "mode", "status", "model_version", "created_at")
+    # The task column shows its id and the instruction's start: the whole instruction pushed the table off the page.
+    list_display = ("id", "short_task", "annotator", "mode", "status", "model_version", "created_at")
     list_filter = ("mode", "status")
+    list_select_related = ("task", "annotator", "model_version")
     raw_id_fields = ("task", "annotator", "model_version")
     inlines = [StepInline]
+    show_full_result_count = False
+
+    @admin.display(description="task", ordering="task")
+    def short_task(self, trajectory: Trajectory) -> str:
+        return f"#{trajectory.task_id} {trajectory.task.instruction[:60]}"
 
 
 @admin.register(Step)
@@ -85,3 +92,14 @@ class LiveSessionAdmin(admin.ModelAdmin):
     list_display = ("trajectory", "status", "kind", "next_index", "proposals", "end_reason", "updated_at")
     list_filter = ("status", "kind", "proposals")
     readonly_fields = [f.name for f in LiveSession._meta.fields]
+
+
+@admin.register(Capture)
+class CaptureAdmin(admin.ModelAdmin):
+    """Think-aloud captures: operators look for stuck uploads and failed processing; the pages change their state."""
+
+    list_display = ("id", "annotator", "source", "status", "stage", "progress", "size", "trajectory", "created_at")
+    list_filter = ("status", "source")
+    search_fields = ("instruction", "session_id")
+    raw_id_fields = ("annotator", "task", "trajectory")
+    readonly_fields = ("sha256", "received", "meta", "transcript", "alignment", "signature", "created_at", "updated_at")
