@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 
@@ -17,7 +20,9 @@ def _respond(request: HttpRequest, status: int, detail: str = "") -> HttpRespons
     message = detail or MESSAGES[status]
     if request.path.startswith("/api/"):
         return JsonResponse({"detail": message}, status=status)
-    return render(request, "error.html", {"status": status, "message": message}, status=status)
+    response = render(request, "error.html", {"status": status, "message": message}, status=status)
+    response.styled_error = True  # type: ignore[attr-defined]
+    return response
 
 
 def _detail(exception: Exception | None) -> str:
@@ -40,3 +45,22 @@ def page_not_found(request: HttpRequest, exception: Exception | None = None) -> 
 
 def server_error(request: HttpRequest) -> HttpResponse:
     return _respond(request, 500)
+
+
+class StyledNotFound:
+    """With DEBUG on, Django answers an unknown URL with its technical page (the whole URL conf) instead of
+    handler404; this middleware answers it with the same page as in production. JSON 404s (the API) stay as they are."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response = self.get_response(request)
+        if (
+            settings.DEBUG
+            and response.status_code == 404
+            and response.get("Content-Type", "").startswith("text/html")
+            and not getattr(response, "styled_error", False)
+        ):
+            return page_not_found(request)
+        return response

@@ -56,6 +56,18 @@ def test_pages_404_and_403_are_friendly(client, annotator):
     assert response.status_code == 403 and "Your role may not manage tasks." in response.content.decode()
 
 
+@override_settings(DEBUG=True)
+def test_with_debug_on_an_unknown_url_gets_the_same_page_not_the_url_conf(client, annotator):
+    client.force_login(annotator)
+    response = client.get("/no/such/page/")
+    body = response.content.decode()
+    assert response.status_code == 404 and "There is nothing here" in body
+    assert "URLconf" not in body and "annotation_app.urls" not in body
+    response = client.get("/trajectories/999999/")  # a view's own 404 is styled too
+    assert response.status_code == 404 and "URLconf" not in response.content.decode()
+    assert client.get("/api/trajectories/999999/").json().get("detail")  # the API's JSON 404 is left alone
+
+
 def test_oversized_form_body_is_a_400(client, lead, settings):
     settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
     client.force_login(lead)
