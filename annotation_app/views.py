@@ -140,24 +140,33 @@ def trajectory_detail(request: HttpRequest, pk: int) -> HttpResponse:
     trajectory = get_object_or_404(
         trajectories_visible_to(request.user).select_related("task", "annotator", "model_version"), pk=pk
     )
+    return _trajectory_page(request, trajectory)
+
+
+def _trajectory_page(
+    request: HttpRequest, trajectory: Trajectory, review_error: str = "", status: int = 200
+) -> HttpResponse:
+    """The trajectory's page; a review that failed is shown on it (with its status), next to the review form."""
     context = {
         "trajectory": trajectory,
         "steps": trajectory.steps.all(),
         "reviews": trajectory.reviews.select_related("reviewer"),
         "can_review": can(request.user, Capability.REVIEW) and trajectory.status != Trajectory.Status.IN_PROGRESS,
         "verdicts": Review.Verdict.choices,
+        "review_error": review_error,
     }
-    return render(request, "annotation_app/trajectory.html", context)
+    return render(request, "annotation_app/trajectory.html", context, status=status)
 
 
 @require_POST
 @requires(Capability.REVIEW)
 def trajectory_review(request: HttpRequest, pk: int) -> HttpResponse:
-    trajectory = get_object_or_404(Trajectory, pk=pk)
+    trajectory = get_object_or_404(Trajectory.objects.select_related("task", "annotator", "model_version"), pk=pk)
     verdict = request.POST.get("verdict", "")
     score = request.POST.get("score", "")
     if verdict not in Review.Verdict.values or (score and score not in {"1", "2", "3", "4", "5"}):
-        return HttpResponse("Choose approve or reject, and a score from 1 to 5 if you give one.", status=400)
+        error = "Choose approve or reject, and a score from 1 to 5 if you give one."
+        return _trajectory_page(request, trajectory, error, status=400)
     try:
         trajectories.review(
             trajectory,
@@ -167,7 +176,7 @@ def trajectory_review(request: HttpRequest, pk: int) -> HttpResponse:
             comment=request.POST.get("comment", "")[:5000],
         )
     except Conflict as exc:
-        return HttpResponse(str(exc), status=409)
+        return _trajectory_page(request, trajectory, str(exc), status=409)
     return redirect("trajectory", pk=pk)
 
 

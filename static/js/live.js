@@ -13,6 +13,18 @@ const early = new Map(); // proposals that arrived before the step response that
 // Timings the benchmark reads: accept → new screenshot shown; proposals sent by the server → drawn.
 window.liveTimings = { steps: [], proposals: [] };
 
+// An API error as one sentence: its detail, then each field's problems ("thought: Ensure this field has …").
+function problem(reply, status) {
+  const errors = reply.errors;
+  let details = "";
+  if (Array.isArray(errors)) {
+    details = errors.map((e) => (typeof e === "string" ? e : e.message || JSON.stringify(e))).join("; ");
+  } else if (errors && typeof errors === "object") {
+    details = Object.entries(errors).map(([field, messages]) => `${field}: ${[].concat(messages).join(" ")}`).join("; ");
+  }
+  return (reply.detail || `HTTP ${status}`) + (details ? " " + details : "");
+}
+
 async function call(path, body) {
   const response = await fetch(api + path, {
     method: body === undefined ? "GET" : "POST",
@@ -21,10 +33,7 @@ async function call(path, body) {
     credentials: "same-origin",
   });
   const data = await response.json().catch(() => ({ detail: `HTTP ${response.status}` }));
-  if (!response.ok) {
-    const details = data.errors ? " " + JSON.stringify(data.errors) : "";
-    throw new Error((data.detail || `HTTP ${response.status}`) + details);
-  }
+  if (!response.ok) throw new Error(problem(data, response.status));
   return data;
 }
 

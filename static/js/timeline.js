@@ -11,6 +11,18 @@ const words = [...root.querySelectorAll(".word")].map((el) => ({
   step: el.closest(".step"),
 }));
 
+// An API error as one sentence: its detail, then each field's problems ("thought: Ensure this field has …").
+function problem(reply, status) {
+  const errors = reply.errors;
+  let details = "";
+  if (Array.isArray(errors)) {
+    details = errors.map((e) => (typeof e === "string" ? e : e.message || JSON.stringify(e))).join("; ");
+  } else if (errors && typeof errors === "object") {
+    details = Object.entries(errors).map(([field, messages]) => `${field}: ${[].concat(messages).join(" ")}`).join("; ");
+  }
+  return (reply.detail || `HTTP ${status}`) + (details ? " " + details : "");
+}
+
 async function send(url, method, body) {
   const response = await fetch(url, {
     method,
@@ -19,7 +31,7 @@ async function send(url, method, body) {
     credentials: "same-origin",
   });
   const reply = await response.json().catch(() => ({ detail: `HTTP ${response.status}` }));
-  if (!response.ok) throw new Error(reply.detail || `HTTP ${response.status}`);
+  if (!response.ok) throw new Error(problem(reply, response.status));
   return reply;
 }
 
