@@ -30,7 +30,7 @@ def test_upload_file_outside_the_task_files_directory_is_refused_naming_record_a
         _task("../secret"),
         _task("link"),
         _task(str(task_files / "sub" / "a.txt")),  # absolute but inside: fine
-        {"instruction": "x", "config": [{"type": "upload_file", "parameters": {"files": "report.txt"}}]},
+        _task(""),
     ]
     with pytest.raises(TaskImportError) as caught:
         import_tasks(json.dumps(records).encode(), "tasks.json")
@@ -39,7 +39,7 @@ def test_upload_file_outside_the_task_files_directory_is_refused_naming_record_a
         (2, "config[0].parameters.files[1].local_path"),
         (3, "config[0].parameters.files[0].local_path"),
         (4, "config[0].parameters.files[0].local_path"),
-        (6, "config[0].parameters.files"),
+        (6, "config[0].parameters.files[0].local_path"),
     }, errors
     assert "is outside the task-files directory" in errors[(2, "config[0].parameters.files[1].local_path")]
     assert "contains '..'" in errors[(3, "config[0].parameters.files[0].local_path")]
