@@ -16,7 +16,7 @@ from .validation import VConfig
 
 class IterationForm(forms.Form):
     base_model = forms.ModelChoiceField(queryset=ModelVersion.objects.all(), required=False, empty_label="(none)")
-    scope = forms.ChoiceField(choices=Iteration.Scope.choices, initial=Iteration.Scope.NEW)
+    scope = forms.ChoiceField(choices=Iteration.Scope.choices, initial=Iteration.Scope.NEW, required=False)
     modes = forms.MultipleChoiceField(
         choices=Trajectory.Mode.choices, required=False, widget=forms.CheckboxSelectMultiple, help_text="None: all."
     )
@@ -35,6 +35,9 @@ class IterationForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 6}),
         help_text="More V settings as JSON (weights, flag_values, rules); see docs/flywheel.md.",
     )
+
+    def clean_scope(self) -> str:
+        return self.cleaned_data["scope"] or Iteration.Scope.NEW
 
     def clean_domains(self) -> list[str]:
         return [d.strip() for d in self.cleaned_data["domains"].split(",") if d.strip()]

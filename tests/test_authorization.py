@@ -14,6 +14,7 @@ from annotation_app.models import Capture, LiveSession, Task, Trajectory
 
 from .conftest import ROLES, api_client_for
 from .factories import ModelVersionFactory, StepFactory, TaskFactory, TrajectoryFactory
+from .flywheel.test_authorization import FLYWHEEL_ROUTES
 
 A, L, M, S = "annotator", "data_lead", "ml_engineer", "superuser"
 EVERYONE = {A, L, M, S}
@@ -55,6 +56,10 @@ MATRIX: list[tuple[str, str, str, set[str]]] = [
     ("insitu-vnc-token", "post", "api", set()),
     ("lead", "get", "page", {L, S}),
     ("lead-import", "post", "page", {L, S}),
+    ("lead-stats", "get", "page", {L, S}),
+    ("lead-trajectories", "get", "page", {L, M, S}),
+    ("lead-task", "get", "page", {L, S}),
+    ("lead-task-change", "post", "page", {L, S}),
     ("trajectory", "get", "page", EVERYONE),  # annotators: their own trajectories only (tested below)
     ("trajectory-review", "post", "page", {L, S}),
     ("flywheel", "get", "page", {M, S}),
@@ -101,7 +106,7 @@ def _route_names(patterns, prefix: str = "") -> set[str]:
 
 def test_every_route_is_in_the_matrix():
     routes = _route_names(get_resolver().url_patterns)
-    covered = {name for name, *_ in MATRIX}
+    covered = {name for name, *_ in MATRIX} | FLYWHEEL_ROUTES  # tests/flywheel/test_authorization.py covers those
     assert routes - covered == set(), "add these routes to MATRIX"
 
 
@@ -121,7 +126,7 @@ def objects(db):
 
 
 def _url(name: str, objects) -> str:
-    if name in {"task-detail"}:
+    if name in {"task-detail", "lead-task", "lead-task-change"}:
         return reverse(name, args=[objects["task"].pk])
     if (name.startswith("trajectory-") and name not in {"trajectory-list"}) or name == "trajectory":
         return reverse(name, args=[objects["trajectory"].pk])
