@@ -60,6 +60,7 @@ def test_live_steps_move_to_screen_pixels_and_candidates_take_the_one_shape(at_0
         trajectory=insitu, index=0, action_text="click(start_box='<|box_start|>(644,406)<|box_end|>')",
         candidates=[{"thought": "Alternative.", "action": "click(start_box='(10,20)')"}],
     )  # fmt: skip
+    Step.objects.create(trajectory=insitu, index=1, action_text="hotkey(key='ctrl s')", action={"type": "hotkey"})
 
     apps = migrate(AFTER)
     Step = apps.get_model("annotation_app", "Step")
@@ -78,7 +79,10 @@ def test_live_steps_move_to_screen_pixels_and_candidates_take_the_one_shape(at_0
     assert first.candidates[1]["action_text"] == "" and first.candidates[1]["error"] == "outside"
     assert first.candidates[1]["raw"] == shown["raw"]
     assert Step.objects.get(trajectory_id=live.pk, index=1).action == {"actions": [{"type": "type", "content": "hi"}]}
-    other = Step.objects.get(trajectory_id=insitu.pk)
+    assert Step.objects.get(trajectory_id=insitu.pk, index=1).action == {
+        "actions": [{"type": "hotkey", "keys": ["ctrl", "s"]}]
+    }
+    other = Step.objects.get(trajectory_id=insitu.pk, index=0)
     assert other.action_text == "click(start_box='<|box_start|>(644,406)<|box_end|>')"  # already screen pixels
     assert other.candidates == [
         {"thought": "Alternative.", "action_text": "click(start_box='<|box_start|>(10,20)<|box_end|>')",

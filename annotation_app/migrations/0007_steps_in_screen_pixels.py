@@ -6,7 +6,8 @@ smart-resized size); the screen size is the trajectory's. Their actions and cand
 `ScreenMapping.to_screen`, the conversion the sandbox applied when it ran them, so each stored point is the pixel that
 was clicked. In-situ and API steps were already in screen pixels; only their candidates change shape:
 `{thought, action}` (seed_demo, seed_bench, the steps API) becomes `{thought, action_text, actions, points, raw,
-error, model}`.
+error, model}`, and an `action` without the typed `actions` (seed_bench's `{type, x, y}`) is parsed again from
+`action_text`.
 
 Reversing converts live steps back with `to_model` (within a pixel of the original: screen pixels are coarser than
 the model frame when the model image is larger); candidates keep the new shape, which holds the old fields.
@@ -94,10 +95,15 @@ def _convert_steps(apps, direction: str) -> None:
 def forwards(apps, schema_editor) -> None:
     _convert_steps(apps, "to_screen")
     Step = apps.get_model("annotation_app", "Step")
-    others = Step.objects.filter(trajectory__live__isnull=True).exclude(candidates=[])
+    others = Step.objects.filter(trajectory__live__isnull=True).exclude(candidates=[], action__has_key="actions")
     for step in others.iterator():
         step.candidates = [_reshaped(c) for c in step.candidates]
-        step.save(update_fields=["candidates"])
+        if "actions" not in (step.action or {}):  # seed_bench wrote {type, x, y}: the typed form of action_text
+            try:
+                step.action = {"actions": [action_to_dict(a) for a in parse_actions(step.action_text)]}
+            except ActionSyntaxError:
+                pass
+        step.save(update_fields=["candidates", "action"])
 
 
 def backwards(apps, schema_editor) -> None:
