@@ -6,7 +6,7 @@ from django.urls import include, path
 
 from flywheel import views as flywheel_views
 
-from . import insitu_views, live_views, views
+from . import insitu_views, lead_views, live_views, views
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -25,6 +25,10 @@ urlpatterns = [
     path("insitu/<int:pk>/delete/", insitu_views.capture_delete, name="insitu-delete"),
     path("lead/", views.lead, name="lead"),
     path("lead/import/", views.lead_import, name="lead-import"),
+    path("lead/stats/", lead_views.lead_stats, name="lead-stats"),
+    path("lead/trajectories/", lead_views.trajectories, name="lead-trajectories"),
+    path("lead/tasks/<int:pk>/", lead_views.task_page, name="lead-task"),
+    path("lead/tasks/<int:pk>/change/", lead_views.task_change, name="lead-task-change"),
     path("trajectories/<int:pk>/", views.trajectory_detail, name="trajectory"),
     path("trajectories/<int:pk>/review/", views.trajectory_review, name="trajectory-review"),
     path("flywheel/", flywheel_views.overview, name="flywheel"),

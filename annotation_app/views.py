@@ -82,7 +82,7 @@ def lead(request: HttpRequest) -> HttpResponse:
     if status in Task.Status.values:
         tasks = tasks.filter(status=status)
     if domain:
-        tasks = tasks.filter(domain=domain)
+        tasks = tasks.filter(domain__icontains=domain)
     if query:
         tasks = tasks.filter(Q(instruction__icontains=query) | Q(external_id=query))
     page = Paginator(
