@@ -11,6 +11,7 @@ import math
 import os
 import re
 import sys
+import time
 
 import httpx
 import openai
@@ -147,7 +148,23 @@ def test_constrained_candidates_stream_with_logprobs_as_they_are_answered_whole(
     assert whole.usage.completion_tokens == sum(len(c.logprobs.content) for c in whole.choices)
 
 
-def test_remote_rollouts_record_the_tokens_and_logprobs_they_were_sampled_with(server_url):
+def test_a_client_that_leaves_a_stream_stops_its_generation(client, server_url):
+    """Greedy, the tiny model never ends its answer to "hi", so 4096 tokens take minutes here; leaving after a few
+    chunks must free the server at the next token, or the next request waits behind the abandoned one."""
+    endless = [{"role": "user", "content": "hi"}]
+    probe = client.chat.completions.create(model=MODEL, messages=endless, temperature=0, max_tokens=150)
+    assert probe.choices[0].finish_reason == "length"
+    body = {"model": MODEL, "messages": endless, "temperature": 0, "max_tokens": 4096, "stream": True}
+    with httpx.stream("POST", f"{server_url}/chat/completions", json=body, timeout=120) as raw:
+        for n, _ in enumerate(raw.iter_lines()):
+            if n == 10:
+                break
+    started = time.monotonic()
+    client.with_options(timeout=30).chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2)
+    assert time.monotonic() - started < 30
+
+
+def test_remote_rollouts_record_the_tokens_and_logprobs_they_were_sampled_with(server_url, tiny_vision):
     from transformers import AutoTokenizer
 
     from training.envs import CopyEnv
@@ -157,7 +174,7 @@ def test_remote_rollouts_record_the_tokens_and_logprobs_they_were_sampled_with(s
     episode = run_episode(CopyEnv(turns=2), remote.generate_one, seed=5)
     turns = [m for m in episode.messages if m["role"] == "assistant"]
     assert len(turns) == 2
-    tokenizer = AutoTokenizer.from_pretrained(remote_checkpoint(server_url))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_vision)
     for turn in turns:
         assert 0 < len(turn["token_ids"]) == len(turn["logprobs"]) <= 6
         assert all(math.isfinite(x) and x <= 0 for x in turn["logprobs"])
@@ -167,8 +184,3 @@ def test_remote_rollouts_record_the_tokens_and_logprobs_they_were_sampled_with(s
     remote.record_logprobs = False
     reply, _ = remote.generate_one(CopyEnv().reset(1))
     assert reply.logprobs is None and reply.token_ids is None
-
-
-def remote_checkpoint(server_url: str) -> str:
-    """The served checkpoint's directory, as `/v1/models` reports it (vLLM's `root`)."""
-    return httpx.get(f"{server_url}/models", timeout=30).json()["data"][0]["root"]
