@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from sandbox.browser import CHROMIUM, BrowserSession
-from sandbox.desktop import Desktop, _write_xauthority, available
+from sandbox.desktop import Desktop, _read_display, _refuses_strangers, _stop_group, _write_xauthority, available
 from sandbox.isolation import create_session_user, delete_session_user, isolation_available
 from sandbox.sdk import Files, run_shell
 
@@ -111,6 +111,22 @@ def test_a_session_opens_its_own_display_and_no_other(make_session):
         capture_output=True, text=True, timeout=10,
     )  # fmt: skip
     assert outside.returncode != 0 and "1280" not in outside.stdout, outside
+
+
+@pytest.mark.parametrize("with_cookie", [True, False])
+def test_the_check_that_a_desktop_refuses_clients_without_its_cookie_can_fail(tmp_path, with_cookie):
+    """Desktop.start refuses to go on with an X server that lets strangers in (e.g. one that could not read its
+    -auth file): the check says no for a server started without a cookie."""
+    _write_xauthority(tmp_path / "auth", {None: os.urandom(16)})
+    read_fd, write_fd = os.pipe()
+    command = ["Xvfb", "-displayfd", str(write_fd), "-nolisten", "tcp"]
+    command += ["-auth", str(tmp_path / "auth")] if with_cookie else []
+    xvfb = subprocess.Popen(command, pass_fds=(write_fd,), stderr=subprocess.DEVNULL, start_new_session=True)
+    os.close(write_fd)
+    try:
+        assert _refuses_strangers(_read_display(read_fd, xvfb, 10.0)) is with_cookie
+    finally:
+        _stop_group(xvfb)
 
 
 def test_a_session_reads_none_of_another_sessions_files(make_session):
