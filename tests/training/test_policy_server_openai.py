@@ -124,8 +124,21 @@ def test_an_unknown_model_is_a_404_and_the_models_list_names_the_served_one(clie
     # vLLM's rule: a request without a model name gets the served one
     response = httpx.post(f"{server_url}/chat/completions", json={"messages": HELLO, "max_tokens": 2}, timeout=120)
     assert response.status_code == 200 and response.json()["model"] == MODEL
-    with pytest.raises(openai.BadRequestError, match="`logprobs` must be set to true"):
-        client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2, top_logprobs=2)
+
+
+def test_bad_requests_are_openai_400s_never_a_stream_or_a_500(client):
+    bad = [
+        ({"top_logprobs": 2}, "`logprobs` must be set to true"),
+        ({"extra_body": {"structured_outputs": {"regex": "(("}}}, "the regex does not compile"),
+    ]
+    for stream in (False, True):
+        for extra, message in bad:
+            with pytest.raises(openai.BadRequestError, match=message):
+                client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2, stream=stream, **extra)
+    with pytest.raises(openai.BadRequestError, match="only be defined when `stream=True`"):
+        client.chat.completions.create(
+            model=MODEL, messages=HELLO, max_tokens=2, stream_options={"include_usage": True}
+        )
 
 
 def test_constrained_candidates_stream_with_logprobs_as_they_are_answered_whole(client):

@@ -99,7 +99,7 @@ class Prepared:
     request: ChatRequest
     input_ids: Any
     vision: dict[str, Any]
-    pattern: str | None
+    processors: list[Any]  # the grammar's logits processor, when the request has one
 
 
 @dataclass
@@ -213,7 +213,12 @@ class PolicyEngine:
         return prompt, images
 
     def prepare(self, request: ChatRequest) -> Prepared:
-        """Check the request and render it into token ids and image tensors (raises BadRequest / UnknownModel)."""
+        """Check the request and render it into token ids, image tensors and the grammar (raises BadRequest /
+        UnknownModel)."""
+        import regex
+
+        from .constrained import RegexLogitsProcessor
+
         if not self.serves(request.model):
             raise UnknownModel(f"The model `{request.model}` does not exist.")
         request.check()
@@ -229,7 +234,14 @@ class PolicyEngine:
             prompt = pieces[0] + "".join(self.image_token * c + p for c, p in zip(counts, pieces[1:], strict=True))
         input_ids = self.tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
         pattern = (request.structured_outputs or {}).get("regex") or request.guided_regex
-        return Prepared(request, input_ids, vision, pattern)
+        processors = []
+        if pattern:
+            try:
+                grammar = RegexLogitsProcessor(str(pattern), self.token_strings, self.eos, input_ids.shape[1])
+            except regex.error as exc:
+                raise BadRequest(f"the regex does not compile: {exc}", "structured_outputs") from exc
+            processors.append(grammar)
+        return Prepared(request, input_ids, vision, processors)
 
     def _token(self, token_id: int, as_id: bool) -> dict[str, Any]:
         """A token as OpenAI's logprob entries name it: its text (special tokens spelled out) and UTF-8 bytes."""
@@ -260,8 +272,6 @@ class PolicyEngine:
         sequence (the streaming path), with the text it adds; a sequence's last call has its finish_reason set."""
         from transformers import StoppingCriteriaList
 
-        from .constrained import RegexLogitsProcessor
-
         torch, request = self.torch, prepared.request
         limit = request.token_limit
         choices = [Choice(index) for index in range(request.n)]
@@ -284,11 +294,6 @@ class PolicyEngine:
                 if on_token is not None:
                     on_token(choice, self._delta(choice))
 
-        processors = []
-        if prepared.pattern:
-            processors.append(
-                RegexLogitsProcessor(prepared.pattern, self.token_strings, self.eos, prepared.input_ids.shape[1])
-            )
         stopping = StoppingCriteriaList([_Cancelled(cancel)] if cancel is not None else [])
         sample = request.temperature > 0
         with self.lock, torch.inference_mode():
@@ -306,7 +311,7 @@ class PolicyEngine:
                     top_k=None,
                     num_return_sequences=request.n,
                     max_new_tokens=limit,
-                    logits_processor=processors,
+                    logits_processor=prepared.processors,
                     stopping_criteria=stopping,
                     eos_token_id=self.eos,
                     pad_token_id=self.tokenizer.pad_token_id,
