@@ -125,7 +125,12 @@ class Desktop:
         os.close(write_fd)
         os.close(auth_fd)
         display = _read_display(read_fd, xvfb, timeout)
-        if not _refuses_strangers(display):
+        try:
+            open_to_all = not _refuses_strangers(display)
+        except OSError as exc:
+            _stop_group(xvfb)
+            raise DesktopError(f"the X server of :{display} does not answer on its socket ({exc})") from exc
+        if open_to_all:
             _stop_group(xvfb)
             raise DesktopError(f"the X server of :{display} let a client in without its cookie")
         _write_xauthority(xauthority, {display: cookie}, owner=user)  # now with the display clients look it up by
