@@ -45,7 +45,7 @@ class Phrase:
 
     start: float
     text: str
-    samples: np.ndarray
+    samples: np.ndarray = field(repr=False)
 
     @property
     def end(self) -> float:
