@@ -140,6 +140,10 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 LOGIN_URL = "login"
+# Failed log-ins on the login page (annotation_app.views.LoginView): past this many in the window, per client address
+# and username (and ten times as many per address), the page answers 429 until the window ends.
+LOGIN_FAILURES_ALLOWED = int(env("LOGIN_FAILURES_ALLOWED", "10"))
+LOGIN_FAILURE_WINDOW_S = int(env("LOGIN_FAILURE_WINDOW_S", "900"))
 LOGIN_REDIRECT_URL = "home"
 LOGOUT_REDIRECT_URL = "login"
 
@@ -170,6 +174,8 @@ MAX_TASK_IMPORT_BYTES = int(env("MAX_TASK_IMPORT_BYTES", str(20 * 1024 * 1024)))
 # In-situ think-aloud captures (docs/in-situ.md): resumable uploads in chunks (each under the request-body limit
 # above), then the `asr` queue transcribes and aligns them.
 MAX_CAPTURE_BYTES = int(env("MAX_CAPTURE_BYTES", str(4 * 1024**3)))
+# Each annotator's captures together (any status, until deleted): a new upload past this is refused with 413.
+MAX_USER_CAPTURE_BYTES = int(env("MAX_USER_CAPTURE_BYTES", str(40 * 1024**3)))
 MAX_CAPTURE_CHUNK_BYTES = min(int(env("MAX_CAPTURE_CHUNK_BYTES", str(8 * 1024**2))), DATA_UPLOAD_MAX_MEMORY_SIZE)
 CAPTURE_CHUNK_BYTES = min(4 * 1024**2, MAX_CAPTURE_CHUNK_BYTES)  # what clients are told to send
 # An upload `verifying` (whole-file SHA-256) longer than this was left by a request that died: it is sent back to
@@ -283,6 +289,14 @@ REST_FRAMEWORK = {
     + (["rest_framework.renderers.BrowsableAPIRenderer"] if DEBUG else []),
     "EXCEPTION_HANDLER": "annotation_app.api.errors.exception_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+    # POST /api/auth/token/ (annotation_app.api.auth): per client address and username, and per address overall.
+    "DEFAULT_THROTTLE_RATES": {
+        "auth_token": env("AUTH_TOKEN_RATE", "10/min"),
+        "auth_token_address": env("AUTH_TOKEN_ADDRESS_RATE", "60/min"),
+    },
+    # Proxies in front of the app whose X-Forwarded-For is trusted (0: the client is REMOTE_ADDR, a header can't
+    # choose its own throttle key).
+    "NUM_PROXIES": int(env("NUM_PROXIES", "0")),
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "GUI-agent annotation platform API",

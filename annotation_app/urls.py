@@ -11,7 +11,7 @@ from . import insitu_views, lead_views, live_views, views
 urlpatterns = [
     path("", views.home, name="home"),
     path("healthz", views.healthz, name="healthz"),
-    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/login/", views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("annotate/", views.annotate, name="annotate"),
     path("annotate/next/", views.annotate_next, name="annotate-next"),

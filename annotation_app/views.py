@@ -6,6 +6,7 @@ import mimetypes
 from pathlib import PurePosixPath
 
 from django.conf import settings
+from django.contrib.auth import views as auth_views
 from django.core.paginator import Paginator
 from django.db import connection
 from django.db.models import Count, Q
@@ -17,6 +18,7 @@ from . import task_queue, trajectories
 from .models import Review, Role, Task, Trajectory
 from .permissions import Capability, can, requires, trajectories_visible_to
 from .task_import import TaskImportError, import_tasks
+from .throttling import FailureLimiter, client_address
 from .trajectories import Conflict
 from .uploads import UploadRejected, check_size
 
@@ -30,6 +32,34 @@ def home(request: HttpRequest) -> HttpResponse:
     if request.user.is_superuser:
         return redirect("lead")
     return redirect(LANDING.get(request.user.role, "login"))
+
+
+class LoginView(auth_views.LoginView):
+    """Django's login page, refusing with 429 once an address has failed too often for a username (or at all)."""
+
+    def post(self, request: HttpRequest, *args: object, **kwargs: object) -> HttpResponse:
+        keys = self._keys(request)
+        wait = max(limiter.wait_s(key) for limiter, key in keys)
+        if wait:  # refused before the password is even checked
+            minutes = -(-wait // 60)
+            message = f"Too many failed log-ins from your address; try again in {minutes} minute{'s' * (minutes > 1)}."
+            context = self.get_context_data(form=self.get_form_class()(request), throttled=message)
+            return self.render_to_response(context, status=429)
+        response = super().post(request, *args, **kwargs)
+        if response.status_code == 200:  # the form came back: wrong username or password
+            for limiter, key in keys:
+                limiter.failed(key)
+        return response
+
+    @staticmethod
+    def _keys(request: HttpRequest) -> list[tuple[FailureLimiter, str]]:
+        address = client_address(request)
+        username = request.POST.get("username", "")[:150].lower()
+        allowed, window = settings.LOGIN_FAILURES_ALLOWED, settings.LOGIN_FAILURE_WINDOW_S
+        return [
+            (FailureLimiter("login", allowed, window), f"{address}:{username}"),
+            (FailureLimiter("login-address", 10 * allowed, window), address),
+        ]
 
 
 @require_GET

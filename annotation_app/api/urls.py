@@ -2,12 +2,12 @@
 
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
-from rest_framework.authtoken.views import obtain_auth_token
 from rest_framework.routers import DefaultRouter
 
 from flywheel import api as flywheel_api
 
 from . import insitu, live, views
+from .auth import obtain_auth_token
 
 router = DefaultRouter(trailing_slash=True)
 router.include_root_view = False
@@ -24,6 +24,7 @@ urlpatterns = [
     path("live/<int:pk>/step/", live.LiveStepView.as_view(), name="live-step"),
     path("live/<int:pk>/validate/", live.LiveValidateView.as_view(), name="live-validate"),
     path("live/<int:pk>/end/", live.LiveEndView.as_view(), name="live-end"),
+    path("live/<int:pk>/proposals/", live.LiveRetryView.as_view(), name="live-retry"),
     path("live/<int:pk>/vnc-token/", live.LiveVncTokenView.as_view(), name="live-vnc-token"),
     path("insitu/uploads/", insitu.UploadStartView.as_view(), name="insitu-upload-start"),
     path("insitu/uploads/<int:pk>/", insitu.UploadView.as_view(), name="insitu-upload"),

@@ -17,6 +17,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Sum
 from django.utils import timezone
 
 from ..models import Capture, User
@@ -77,18 +78,36 @@ def start_upload(
         instruction = instruction or task.instruction
     elif not instruction.strip():
         raise Invalid("A free-form recording needs the instruction you worked on.")
-    capture = Capture.objects.create(
-        annotator=annotator,
-        session_id=session_id,
-        size=size,
-        sha256=sha256,
-        task=task,
-        instruction=instruction.strip(),
-    )
+    with transaction.atomic():
+        User.objects.select_for_update().filter(pk=annotator.pk).first()  # one new upload per user at a time
+        check_quota(annotator, size)
+        capture = Capture.objects.create(
+            annotator=annotator,
+            session_id=session_id,
+            size=size,
+            sha256=sha256,
+            task=task,
+            instruction=instruction.strip(),
+        )
     path = archive_file(capture)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"")
     return capture, True
+
+
+def check_quota(annotator: User, adding: int) -> None:
+    """Refuse (413) a capture of `adding` bytes that would take the annotator's captures past MAX_USER_CAPTURE_BYTES.
+
+    Every capture counts until it is deleted, whatever its status: uploads in progress have their space reserved."""
+    used = Capture.objects.filter(annotator=annotator).aggregate(total=Sum("size"))["total"] or 0
+    quota = settings.MAX_USER_CAPTURE_BYTES
+    if used + adding > quota:
+        raise UploadRejected(
+            f"This capture ({adding / 2**20:,.1f} MiB) would take your captures past your quota: they use "
+            f"{used / 2**20:,.1f} MiB of {quota / 2**20:,.1f} MiB. Delete captures you no longer need on the "
+            "Think-aloud page, or ask a data lead to raise MAX_USER_CAPTURE_BYTES.",
+            status=413,
+        )
 
 
 def parse_content_range(header: str | None, body_length: int) -> tuple[int, int, int]:

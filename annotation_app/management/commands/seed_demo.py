@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
 from annotation_app.candidates import candidate
@@ -51,6 +51,10 @@ class Command(BaseCommand):
 
     @transaction.atomic
     def handle(self, *args: object, **options: object) -> None:
+        if settings.ENVIRONMENT == "production":  # its users, the superuser among them, share a published password
+            raise CommandError(
+                "seed_demo creates users with the public demo password: refused with DJANGO_ENV=production."
+            )
         users = {}
         for username, role, is_admin in DEMO_USERS:
             user, created = User.objects.get_or_create(
