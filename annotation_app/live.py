@@ -37,6 +37,7 @@ from training.policy.client import connection as policy_connection
 from training.policy.prompts import Turn, build_messages
 
 from . import candidates as shapes
+from .evaluation import evaluate_trajectory
 from .models import LiveSession, Step, Task, Trajectory, User
 from .trajectories import Conflict, Invalid, start_trajectory, submit
 
@@ -276,6 +277,27 @@ def request_proposals(live: LiveSession) -> None:
     propose_live.delay(live.pk, live.next_index)
 
 
+def retry_proposals(live: LiveSession, *, switch_to_active: bool = False) -> LiveSession:
+    """Ask again for the current step's proposals (they failed, or the annotator wants new ones); with
+    `switch_to_active`, the trajectory's proposer becomes the active model first (e.g. after a broken model was
+    promoted and replaced). Refused while the session is not active."""
+    with transaction.atomic():
+        live = LiveSession.objects.select_for_update().select_related("trajectory").get(pk=live.pk)
+        if live.status != LiveSession.Status.ACTIVE:
+            raise Conflict(f"This live session is {live.get_status_display().lower()}; it takes no proposals.")
+        if switch_to_active:
+            active = ModelVersion.objects.filter(is_active=True).first()
+            if active is None:
+                raise Conflict("No model is active: an ML engineer must promote one first.")
+            Trajectory.objects.filter(pk=live.trajectory_id).update(model_version=active, updated_at=timezone.now())
+        live.proposals, live.candidates, live.proposal_error = LiveSession.Proposals.PENDING, [], ""
+        live.proposals_ready_at = None
+        live.save(update_fields=["proposals", "candidates", "proposal_error", "proposals_ready_at", "updated_at"])
+    push(live.trajectory_id, "state", state=state_of(live))
+    request_proposals(live)
+    return live
+
+
 # --- the annotator's decision ----------------------------------------------------------------------------------------
 
 
@@ -444,7 +466,8 @@ def _step_failed(live: LiveSession, step: Step, why: str) -> None:
 
 
 def end_live(live: LiveSession, reason: str, *, release: bool = True) -> LiveSession:
-    """End the session: release the lease; `finished`/`call_user` submit the trajectory for review."""
+    """End the session: an ending action (`finished`/`call_user`/`fail`) has the task's evaluator score the desktop
+    first (annotation_app.evaluation) and submits the trajectory for review; then the lease is released."""
     with transaction.atomic():
         live = LiveSession.objects.select_for_update().select_related("trajectory").get(pk=live.pk)
         if not live.open:
@@ -457,8 +480,12 @@ def end_live(live: LiveSession, reason: str, *, release: bool = True) -> LiveSes
         trajectory.save(update_fields=["metadata", "updated_at"])
     if release and live.sandbox_session_id:
         client = sandbox_for(live.trajectory_id)
-        release_quietly(client, live.sandbox_session_id)
-        client.close()
+        try:
+            if reason in ENDING_ACTIONS.values():  # the agent ended it: score it on the desktop as it was left
+                evaluate_trajectory(client, live.sandbox_session_id, trajectory, reason)
+        finally:
+            release_quietly(client, live.sandbox_session_id)
+            client.close()
     if reason in ENDING_ACTIONS.values() and trajectory.status == Trajectory.Status.IN_PROGRESS:
         submit(trajectory)
     push(live.trajectory_id, "state", state=state_of(live))
@@ -507,4 +534,5 @@ def state_of(live: LiveSession) -> dict[str, Any]:
         "proposal_error": live.proposal_error,
         "error": live.error,
         "end_reason": live.end_reason,
+        "evaluation": live.trajectory.metadata.get("evaluation") if live.status == LiveSession.Status.ENDED else None,
     }

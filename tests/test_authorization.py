@@ -36,6 +36,7 @@ MATRIX: list[tuple[str, str, str, set[str]]] = [
     ("live-step", "post", "api", set()),
     ("live-validate", "post", "api", set()),
     ("live-end", "post", "api", set()),
+    ("live-retry", "post", "api", set()),
     ("live-vnc-token", "post", "api", set()),
     ("insitu", "get", "page", {A, S}),
     ("insitu-token", "post", "page", {A, S}),

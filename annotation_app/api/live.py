@@ -1,4 +1,5 @@
-"""API of a live interactive session: state, accept/override a step, live validation, end, VNC token.
+"""API of a live interactive session: state, accept/override a step, live validation, retry proposals, end, VNC
+token.
 
 Only the trajectory's own annotator may use these (everyone else, superusers included, gets 404): the live page
 drives them with its session cookie, scripts with a token.
@@ -108,6 +109,16 @@ class LiveEndView(LiveView):
         if not session.open:
             raise Conflict(f"This live session is already {session.get_status_display().lower()}.")
         return Response(live.state_of(live.end_live(session, reason)))
+
+
+class LiveRetryView(LiveView):
+    """Ask the model again for this step's proposals; `switch_to_active` first makes the active model the proposer."""
+
+    @extend_schema(request=s.LiveRetrySerializer, responses={200: STATE})
+    def post(self, request: Request, pk: int) -> Response:
+        session = self.live(request, pk)
+        switch = self.valid(s.LiveRetrySerializer, request).get("switch_to_active", False)
+        return Response(live.state_of(live.retry_proposals(session, switch_to_active=switch)))
 
 
 class LiveVncTokenView(LiveView):

@@ -310,5 +310,11 @@ class LiveValidateSerializer(StrictSerializerMixin, serializers.Serializer):
     action_text = serializers.CharField(allow_blank=True, max_length=5000, trim_whitespace=False)
 
 
+class LiveRetrySerializer(StrictSerializerMixin, serializers.Serializer):
+    switch_to_active = serializers.BooleanField(
+        required=False, default=False, help_text="Make the active model this trajectory's proposer first."
+    )
+
+
 class LiveEndSerializer(StrictSerializerMixin, serializers.Serializer):
     reason = serializers.ChoiceField(choices=["abandoned"], default="abandoned")

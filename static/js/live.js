@@ -85,12 +85,29 @@ function drawOverlay(points) {
   }
 }
 
+// While the model thinks, how long it has been thinking (per step index), so a slow model is visibly slow.
+let thinking = { index: -1, since: 0, timer: null };
+function showThinking() {
+  const labels = { pending: "the model is thinking…", failed: "failed", ready: "", none: "" };
+  let text = labels[state.proposals] || "";
+  if (state.proposals === "pending" && state.status === "active") {
+    if (thinking.index !== state.next_index) thinking = { ...thinking, index: state.next_index, since: Date.now() };
+    const seconds = Math.floor((Date.now() - thinking.since) / 1000);
+    if (seconds >= 1) text = `the model is thinking… ${seconds} s`;
+    if (!thinking.timer) thinking.timer = setInterval(showThinking, 1000);
+  } else if (thinking.timer) {
+    clearInterval(thinking.timer); thinking.timer = null;
+  }
+  $("proposal-state").textContent = text;
+  $("retry").hidden = state.status !== "active";
+}
+
 function renderCandidates() {
   const list = $("candidates");
   list.replaceChildren();
   const marks = [];
-  const labels = { pending: "the model is thinking…", failed: "failed", ready: "", none: "" };
-  $("proposal-state").textContent = labels[state.proposals] || "";
+  showThinking();
+  $("switch-model").hidden = state.proposals !== "failed";
   if (state.proposals === "failed") showError("The model could not propose: " + state.proposal_error);
   state.candidates.forEach((c, i) => {
     const li = document.createElement("li");
@@ -134,9 +151,15 @@ function applyState(next) {
   if (state.observation_url && $("shot").getAttribute("src") !== state.observation_url) {
     $("shot").src = state.observation_url;
   }
+  $("shot-placeholder").hidden = !!state.observation_url;
+  if (!state.observation_url && state.status === "failed") $("shot-placeholder").textContent = "The desktop could not be started.";
   if (state.error) showError(state.error);
-  if (state.status === "ended") {
-    showError(""); $("live-status").textContent = `ended (${state.end_reason})`;
+  const over = state.status === "ended" || state.status === "failed";
+  $("deciding").hidden = over;
+  if (over) {
+    if (state.status === "ended") { showError(""); $("live-status").textContent = `ended (${state.end_reason})`; }
+    $("live-ended").hidden = false;
+    $("live-outcome").textContent = outcomeText(state);
     if (rfb) { rfb.disconnect(); }
   }
   if (early.has(state.next_index) && state.proposals === "pending") {
@@ -148,6 +171,19 @@ function applyState(next) {
   document.querySelectorAll("#override button, #abandon").forEach((b) => { b.disabled = !open && b.id !== "abandon"; });
   $("abandon").disabled = !(state.status === "active" || state.status === "starting");
   if (open) connectVnc();
+}
+
+// What the ended page says happened: the evaluator's verdict, or why there is none.
+function outcomeText(s) {
+  if (s.status === "failed") return "The session failed: " + (s.error || "unknown error") + ". Nothing more can be done here.";
+  const why = { finished: "You finished the task.", fail: "You gave up: the task cannot be done here.",
+    call_user: "The session ended asking for the user.", abandoned: "You abandoned the session; the steps so far are kept.",
+    lease_lost: "The desktop was lost (its lease expired or it stopped); the steps so far are kept.",
+    step_failed: "A step's result could not be recorded, so the session stopped there." }[s.end_reason] || `Ended (${s.end_reason}).`;
+  const e = s.evaluation;
+  if (!e) return why;
+  if (e.status === "scored") return `${why} The task's evaluator scored it ${e.score} (${e.score >= 1 ? "success" : "not successful"}).`;
+  return `${why} ${e.message}`;
 }
 
 function addStep(step) {
@@ -255,6 +291,30 @@ document.addEventListener("keydown", (event) => {
   const tag = (event.target.tagName || "").toLowerCase();
   if (tag === "input" || tag === "textarea" || event.ctrlKey || event.metaKey || event.altKey) return;
   if (/^[1-9]$/.test(event.key)) acceptCandidate(Number(event.key) - 1);
+});
+
+// finished()/fail() as the grammar writes them: content in single quotes with \\, \' and newlines escaped.
+function quoted(text) { return text.replace(/\\/g, "\\\\").replace(/'/g, "\\'").replace(/\n/g, "\\n"); }
+
+$("finish").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const summary = $("finish-summary").value.trim();
+  takeStep({ thought: summary ? `The task is done: ${summary}` : "The task is done.", action_text: `finished(content='${quoted(summary)}')` });
+});
+$("give-up").addEventListener("click", () => {
+  if (!confirm("Give up? This records fail(): the task cannot be done here (OSWorld's infeasible).")) return;
+  takeStep({ thought: "This task cannot be done here.", action_text: "fail()" });
+});
+$("retry").addEventListener("click", async () => {
+  try { showError(""); applyState(await call("proposals/", {})); } catch (error) { showError(error.message); }
+});
+$("switch-model").addEventListener("click", async () => {
+  try { showError(""); applyState(await call("proposals/", { switch_to_active: true })); } catch (error) { showError(error.message); }
+});
+$("larger").addEventListener("click", () => {
+  const on = root.classList.toggle("larger");
+  $("larger").setAttribute("aria-pressed", String(on));
+  $("larger").textContent = on ? "Side by side" : "Larger screen";
 });
 
 $("abandon").addEventListener("click", async () => {

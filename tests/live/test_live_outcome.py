@@ -1,0 +1,83 @@
+"""A live trajectory that ends gets its outcome: the task's evaluator runs on the desktop before it is released, and
+its score (or why there is none) is stored on the trajectory and shown in the session's state."""
+
+from __future__ import annotations
+
+import pytest
+
+from annotation_app import live
+from annotation_app.models import Role, Trajectory
+from annotation_app.task_queue import next_task
+
+from ..factories import TaskFactory
+from ..waiting import wait_for
+from .conftest import needs_desktop
+from .test_live_flow import proposals_ready
+
+pytestmark = [needs_desktop, pytest.mark.slow]
+
+# A terminal that writes the line typed into it to ~/answer.txt; the evaluator reads the file back.
+WRITE_ANSWER = 'read line; printf %s "$line" > "$HOME/answer.txt"; sleep 600'
+EVALUATOR = {
+    "func": "exact_match",
+    "result": {"type": "vm_command_line", "command": "cat $HOME/answer.txt", "shell": True},
+    "expected": {"type": "rule", "rules": {"expected": "hello"}},
+}
+
+
+def _session(make_user, evaluator):
+    annotator = make_user(Role.ANNOTATOR)
+    setup = [{"type": "launch", "parameters": {"command": ["xterm", "-maximized", "-e", "sh", "-c", WRITE_ANSWER]}}]
+    task = TaskFactory(instruction="Type hello into the terminal.", setup_config=setup, evaluator=evaluator)
+    next_task(annotator)
+    session = live.open_live(annotator, task)
+    assert wait_for(lambda: proposals_ready(session, 0), timeout=90)
+    return session
+
+
+@pytest.mark.parametrize(("typed", "score"), [("hello", 1.0), ("goodbye", 0.0)])
+def test_finishing_runs_the_tasks_evaluator_and_stores_its_score(live_worker, embedded_model, make_user, typed, score):
+    session = _session(make_user, EVALUATOR)
+    live.take_step(session, expected_index=0, thought="Type it.", action_text=f"type(content='{typed}\\n')")
+    live.take_step(session, expected_index=1, thought="Done.", action_text="finished(content='typed it')")
+    trajectory = Trajectory.objects.get(pk=session.trajectory_id)
+    assert trajectory.outcome_reward == score
+    evaluation = trajectory.metadata["evaluation"]
+    assert evaluation["status"] == "scored" and evaluation["score"] == score
+    assert evaluation["metrics"] == ["exact_match"] and evaluation["last_action"] == "finished"
+    session.refresh_from_db()
+    assert live.state_of(session)["evaluation"] == evaluation  # the ended live page shows it
+
+
+def test_a_task_without_an_evaluator_says_so_instead_of_a_silent_null(live_worker, embedded_model, make_user):
+    session = _session(make_user, {})
+    live.take_step(session, expected_index=0, thought="Done.", action_text="finished(content='')")
+    trajectory = Trajectory.objects.get(pk=session.trajectory_id)
+    assert trajectory.outcome_reward is None
+    assert trajectory.metadata["evaluation"]["status"] == "no_evaluator"
+    assert "no evaluator" in trajectory.metadata["evaluation"]["message"]
+
+
+def test_abandoning_is_not_scored(live_worker, embedded_model, make_user):
+    session = _session(make_user, EVALUATOR)
+    live.end_live(session, "abandoned")
+    trajectory = Trajectory.objects.get(pk=session.trajectory_id)
+    assert trajectory.outcome_reward is None and "evaluation" not in trajectory.metadata
+
+
+def test_proposals_can_be_retried_and_moved_to_the_active_model(live_worker, embedded_model, make_user):
+    from flywheel.models import ModelVersion
+
+    session = _session(make_user, {})
+    broken = ModelVersion.objects.create(name="broken", checkpoint_uri="/nowhere", endpoint_url="")
+    Trajectory.objects.filter(pk=session.trajectory_id).update(model_version=broken)
+    live.retry_proposals(session)
+    assert wait_for(lambda: live.LiveSession.objects.get(pk=session.pk).proposals == "failed", timeout=60)
+    session.refresh_from_db()
+    assert "endpoint" in session.proposal_error
+    live.retry_proposals(session, switch_to_active=True)
+    assert Trajectory.objects.get(pk=session.trajectory_id).model_version_id == embedded_model.pk
+    assert wait_for(lambda: proposals_ready(session, 0), timeout=90)
+    live.end_live(session, "abandoned")
+    with pytest.raises(live.Conflict, match="ended"):
+        live.retry_proposals(session)
