@@ -81,3 +81,17 @@ def test_proposals_can_be_retried_and_moved_to_the_active_model(live_worker, emb
     live.end_live(session, "abandoned")
     with pytest.raises(live.Conflict, match="ended"):
         live.retry_proposals(session)
+
+
+def test_the_trajectory_page_shows_the_outcome_or_why_there_is_none(client, make_user):
+    from ..factories import TrajectoryFactory
+
+    lead = make_user(Role.DATA_LEAD)
+    client.force_login(lead)
+    scored = TrajectoryFactory(outcome_reward=1.0, metadata={"evaluation": {"status": "scored", "score": 1.0,
+                               "metrics": ["exact_match"], "last_action": "finished"}})  # fmt: skip
+    none = {"status": "no_evaluator", "message": "This task has no evaluator"}
+    bare = TrajectoryFactory(metadata={"evaluation": none})
+    body = client.get(f"/trajectories/{scored.pk}/").content.decode()
+    assert "1.00" in body and "(success)" in body and "exact_match after finished" in body
+    assert "This task has no evaluator" in client.get(f"/trajectories/{bare.pk}/").content.decode()
