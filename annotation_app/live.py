@@ -158,8 +158,9 @@ def start(live_id: int) -> None:
         info = client.allocate(ttl_s=settings.LIVE_LEASE_TTL_S, kind=live.kind)
         live.sandbox_session_id = info["session_id"]
         live.save(update_fields=["sandbox_session_id", "updated_at"])
+        settled = None
         if trajectory.task.setup_config:
-            client.setup(live.sandbox_session_id, trajectory.task.setup_config)
+            _done, settled = client.setup_settled(live.sandbox_session_id, trajectory.task.setup_config)
         jpeg = client.observe(live.sandbox_session_id)
     except SandboxError as exc:
         if live.sandbox_session_id:
@@ -170,6 +171,7 @@ def start(live_id: int) -> None:
         client.close()
     live.model_width, live.model_height = info["model_width"], info["model_height"]
     live.observation.save(f"obs-{0:05d}.jpg", ContentFile(jpeg), save=False)
+    live.observation_settle = settled or {}
     live.status = LiveSession.Status.ACTIVE
     live.proposals = LiveSession.Proposals.PENDING
     live.lease_expires_at = timezone.now() + timedelta(seconds=settings.LIVE_LEASE_TTL_S)
@@ -414,6 +416,7 @@ def _store_executing(live: LiveSession, candidate: int | None, thought: str, act
         screenshot_sha256=hashlib.sha256(before).hexdigest(),
         started_at=live.proposals_ready_at,
         model_latency_ms=live.proposal_latency_ms,
+        settle=live.observation_settle,
     )
     step.screenshot.save("step.jpg", ContentFile(before), save=False)
     step.save()
@@ -438,6 +441,7 @@ def _complete_step(live: LiveSession, step: Step, result: StepResult) -> LiveSes
         live.next_index += 1
         if result.observation_jpeg:
             live.observation.save(f"obs-{live.next_index:05d}.jpg", ContentFile(result.observation_jpeg), save=False)
+            live.observation_settle = result.settle or {}
         live.candidates, live.proposal_error, live.proposals_ready_at = [], "", None
         live.proposals = LiveSession.Proposals.PENDING
         live.lease_expires_at = now + timedelta(seconds=settings.LIVE_LEASE_TTL_S)
@@ -477,7 +481,11 @@ def end_live(live: LiveSession, reason: str, *, release: bool = True) -> LiveSes
         live.save()
         trajectory = live.trajectory
         trajectory.metadata = {**trajectory.metadata, "end_reason": reason}
-        trajectory.save(update_fields=["metadata", "updated_at"])
+        fields = ["metadata", "updated_at"]
+        if reason not in ENDING_ACTIONS.values() and trajectory.status == Trajectory.Status.IN_PROGRESS:
+            trajectory.status = Trajectory.Status.ABANDONED  # it can no longer be continued or submitted
+            fields.append("status")
+        trajectory.save(update_fields=fields)
     if release and live.sandbox_session_id:
         client = sandbox_for(live.trajectory_id)
         try:

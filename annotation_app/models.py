@@ -123,6 +123,7 @@ class Trajectory(models.Model):
         SUBMITTED = "submitted", "Submitted"
         APPROVED = "approved", "Approved"
         REJECTED = "rejected", "Rejected"
+        ABANDONED = "abandoned", "Abandoned"  # ended without being submitted (metadata.end_reason says how)
 
     task = models.ForeignKey(Task, on_delete=models.PROTECT, related_name="trajectories")
     annotator = models.ForeignKey(
@@ -149,6 +150,7 @@ class Trajectory(models.Model):
     objects = TrajectoryQuerySet.as_manager()
 
     class Meta:
+        verbose_name_plural = "trajectories"
         ordering = ["-created_at", "-id"]
         indexes = [
             models.Index(fields=["status", "-created_at"]),
@@ -222,6 +224,12 @@ class Step(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     model_latency_ms = models.PositiveIntegerField(null=True, blank=True)
+    settle = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="How long the screenshot waited for the screen to settle after the previous action or the setup "
+        "(sandbox.settle): {waited_ms, timed_out, redraws}; empty where not measured.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -313,6 +321,9 @@ class LiveSession(models.Model):
     proposal_error = models.TextField(blank=True)
     proposal_latency_ms = models.PositiveIntegerField(null=True, blank=True)
     proposals_ready_at = models.DateTimeField(null=True, blank=True)
+    observation_settle = models.JSONField(
+        default=dict, blank=True, help_text="The current observation's wait for the screen to settle (sandbox.settle)."
+    )
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     error = models.TextField(blank=True)
     end_reason = models.CharField(max_length=20, blank=True)

@@ -130,8 +130,14 @@ class SandboxClient:
 
     def setup(self, session_id: str, config: list[dict[str, Any]]) -> list[str]:
         """Run an OSWorld task's `config` steps in the session."""
+        return self.setup_settled(session_id, config)[0]
+
+    def setup_settled(self, session_id: str, config: list[dict[str, Any]]) -> tuple[list[str], dict[str, Any] | None]:
+        """Run the task's `config` steps; what each did, and how long the service then waited for the screen to
+        settle (sandbox.settle), so the first observation shows the set-up screen."""
         body = {"owner": self.owner, "config": config}
-        return self._call("POST", f"/sessions/{session_id}/setup", json=body).json()["done"]
+        data = self._call("POST", f"/sessions/{session_id}/setup", json=body).json()
+        return data["done"], data.get("settle")
 
     def evaluate(self, session_id: str, evaluator: dict[str, Any], *, last_action: str | None = None) -> float:
         """Score the session against an OSWorld `evaluator`: 1.0 or 0.0; `last_action` (an action name) decides

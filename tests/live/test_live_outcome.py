@@ -95,3 +95,18 @@ def test_the_trajectory_page_shows_the_outcome_or_why_there_is_none(client, make
     body = client.get(f"/trajectories/{scored.pk}/").content.decode()
     assert "1.00" in body and "(success)" in body and "exact_match after finished" in body
     assert "This task has no evaluator" in client.get(f"/trajectories/{bare.pk}/").content.decode()
+
+
+def test_steps_record_how_long_their_screenshot_waited_and_abandoning_is_a_terminal_status(
+    live_worker, embedded_model, make_user
+):
+    session = _session(make_user, {})
+    live.take_step(session, expected_index=0, thought="Type it.", action_text="type(content='hello\\n')")
+    live.take_step(session, expected_index=1, thought="Wait.", action_text="wait()")
+    first, second = Trajectory.objects.get(pk=session.trajectory_id).steps.order_by("index")
+    for step in (first, second):  # the first screenshot waited after the setup, the second after step 0's action
+        assert set(step.settle) == {"waited_ms", "timed_out", "redraws"}
+        assert 0 <= step.settle["waited_ms"] <= 5000
+    assert second.settle["redraws"] >= 1  # typing into the terminal drew something, and the screenshot waited for it
+    live.end_live(session, "abandoned")
+    assert Trajectory.objects.get(pk=session.trajectory_id).status == Trajectory.Status.ABANDONED
