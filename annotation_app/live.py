@@ -37,8 +37,9 @@ from training.policy.client import connection as policy_connection
 from training.policy.prompts import Turn, build_messages
 
 from . import candidates as shapes
+from . import task_queue
 from .evaluation import evaluate_trajectory
-from .models import LiveSession, Step, Task, Trajectory, User
+from .models import Assignment, LiveSession, Step, Task, Trajectory, User
 from .trajectories import Conflict, Invalid, start_trajectory, submit
 
 log = logging.getLogger(__name__)
@@ -119,6 +120,19 @@ def open_live(annotator: User, task: Task) -> LiveSession:
 
     transaction.on_commit(lambda: start_live.delay(live.pk))
     return live
+
+
+def next_task(annotator: User, *, skip_current: bool = False) -> Assignment:
+    """The queue's next task (task_queue.next_task); a skip first ends the live session open on the skipped task, so
+    its desktop is released and its trajectory marked abandoned instead of holding a lease nobody uses."""
+    if skip_current and (current := task_queue.current_assignment(annotator)) is not None:
+        open_sessions = LiveSession.objects.filter(
+            trajectory__annotator=annotator, trajectory__task_id=current.task_id,
+            status__in=[LiveSession.Status.STARTING, LiveSession.Status.ACTIVE],
+        )  # fmt: skip
+        for session in open_sessions:
+            end_live(session, "skipped")
+    return task_queue.next_task(annotator, skip_current=skip_current)
 
 
 def lease_alive(live: LiveSession) -> bool:

@@ -78,6 +78,7 @@ class Assignment(models.Model):
         ACTIVE = "active", "Active"
         COMPLETED = "completed", "Completed"
         SKIPPED = "skipped", "Skipped"
+        UNSKIPPED = "unskipped", "Skipped, then un-skipped"  # the queue may hand the task to them again
         EXPIRED = "expired", "Expired"
 
     task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="assignments")

@@ -17,7 +17,11 @@ from .models import Assignment, Task, User
 
 
 class QueueEmpty(Exception):
-    """No pending task is left for this annotator."""
+    """No pending task is left for this annotator; `skipped` pending tasks are left that they skipped."""
+
+    def __init__(self, message: str, skipped: int = 0) -> None:
+        super().__init__(message)
+        self.skipped = skipped
 
 
 def current_assignment(annotator: User) -> Assignment | None:
@@ -62,7 +66,31 @@ def next_task(annotator: User, *, skip_current: bool = False) -> Assignment:
             Task.objects.filter(pk=task.pk).update(status=task.status, updated_at=timezone.now())
             return Assignment.objects.create(task=task, annotator=annotator)
     # Outside the transaction: a skip stands even when nothing is left to claim.
+    skipped = skipped_pending(annotator)
+    if skipped:
+        raise QueueEmpty(
+            f"Only tasks you skipped are left ({skipped}). Un-skip them to have them handed to you again.", skipped
+        )
     raise QueueEmpty("No pending tasks are left in the queue.")
+
+
+def skipped_pending(annotator: User) -> int:
+    """Pending tasks this annotator skipped (the queue never offers them to them again until un-skipped)."""
+    return (
+        Assignment.objects.filter(
+            annotator=annotator, status=Assignment.Status.SKIPPED, task__status=Task.Status.PENDING
+        )
+        .values("task")
+        .distinct()
+        .count()
+    )
+
+
+def unskip(annotator: User) -> int:
+    """Let the queue offer the annotator the tasks they skipped again; returns how many skips were withdrawn."""
+    return Assignment.objects.filter(annotator=annotator, status=Assignment.Status.SKIPPED).update(
+        status=Assignment.Status.UNSKIPPED
+    )
 
 
 def _finish(assignment: Assignment, status: str, task_status: str) -> None:

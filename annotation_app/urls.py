@@ -15,6 +15,7 @@ urlpatterns = [
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("annotate/", views.annotate, name="annotate"),
     path("annotate/next/", views.annotate_next, name="annotate-next"),
+    path("annotate/unskip/", views.annotate_unskip, name="annotate-unskip"),
     path("annotate/live/", live_views.live_start, name="live-start"),
     path("live/<int:pk>/", live_views.live_page, name="live"),
     path("insitu/", insitu_views.captures, name="insitu"),

@@ -9,12 +9,12 @@ from django.conf import settings
 from django.contrib.auth import views as auth_views
 from django.core.paginator import Paginator
 from django.db import connection
-from django.db.models import Count, Q
+from django.db.models import Count, Prefetch, Q
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
-from . import task_queue, trajectories
+from . import live, task_queue, trajectories
 from .models import Review, Role, Task, Trajectory
 from .permissions import Capability, can, requires, trajectories_visible_to
 from .task_import import TaskImportError, import_tasks
@@ -79,9 +79,11 @@ def annotate(request: HttpRequest) -> HttpResponse:
     context = {
         "assignment": task_queue.current_assignment(request.user),
         "trajectories": Trajectory.objects.filter(annotator=request.user)
-        .select_related("task")
-        .only("id", "mode", "status", "created_at", "task__id", "task__instruction")
-        .with_step_count()[:20],
+        .select_related("task", "live")
+        .only("id", "mode", "status", "created_at", "task__id", "task__instruction", "live__status")
+        .with_step_count()
+        .prefetch_related(Prefetch("reviews", Review.objects.order_by("-created_at"), to_attr="latest_reviews"))[:20],
+        "skipped": task_queue.skipped_pending(request.user),
         "done_count": request.user.assignments.filter(status="completed").count(),
     }
     return render(request, "annotation_app/annotate.html", context)
@@ -91,14 +93,23 @@ def annotate(request: HttpRequest) -> HttpResponse:
 @requires(Capability.ANNOTATE)
 def annotate_next(request: HttpRequest) -> HttpResponse:
     """htmx: take the next task (or skip the current one); answers the 'current task' fragment."""
-    error = ""
+    error, skipped = "", 0
     try:
-        assignment = task_queue.next_task(request.user, skip_current=request.POST.get("skip") == "1")
+        assignment = live.next_task(request.user, skip_current=request.POST.get("skip") == "1")
     except task_queue.QueueEmpty as exc:
-        assignment, error = None, str(exc)
+        assignment, error, skipped = None, str(exc), exc.skipped
     if not request.htmx:
         return redirect("annotate")
-    return render(request, "annotation_app/_current_task.html", {"assignment": assignment, "error": error})
+    context = {"assignment": assignment, "error": error, "skipped": skipped}
+    return render(request, "annotation_app/_current_task.html", context)
+
+
+@require_POST
+@requires(Capability.ANNOTATE)
+def annotate_unskip(request: HttpRequest) -> HttpResponse:
+    """htmx: withdraw the annotator's skips, then hand them the next task as 'Get next task' does."""
+    task_queue.unskip(request.user)
+    return annotate_next(request)
 
 
 # --- data lead -------------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ MATRIX: list[tuple[str, str, str, set[str]]] = [
     ("logout", "post", "public", PUBLIC),
     ("annotate", "get", "page", {A, S}),
     ("annotate-next", "post", "page", {A, S}),
+    ("annotate-unskip", "post", "page", {A, S}),
     ("live-start", "post", "page", {A, S}),
     # A live session is opened, watched and driven by its own annotator only (see tests/live/).
     ("live", "get", "page", set()),

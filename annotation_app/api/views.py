@@ -15,7 +15,7 @@ from rest_framework.views import APIView
 
 from flywheel.models import ModelVersion
 
-from .. import task_queue, trajectories
+from .. import live, trajectories
 from ..models import Trajectory, User
 from ..permissions import Capability, allows, can, can_edit_trajectory, tasks_visible_to, trajectories_visible_to
 from ..task_import import import_tasks
@@ -75,7 +75,7 @@ class NextTaskView(APIView):
     def post(self, request: Request) -> Response:
         form = s.NextTaskRequestSerializer(data=request.data or {})
         form.is_valid(raise_exception=True)
-        assignment = task_queue.next_task(request.user, skip_current=form.validated_data["skip_current"])
+        assignment = live.next_task(request.user, skip_current=form.validated_data["skip_current"])
         return Response(s.AssignmentSerializer(assignment).data)
 
 
