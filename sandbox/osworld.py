@@ -58,11 +58,30 @@ def _browser(session: Session, where: str) -> Any:
     return session.browser
 
 
+LAUNCH_WINDOW_TIMEOUT_S = 15.0  # an app that shows no window by then failed to start (or is not an app)
+
+
 def _setup_launch(session: Session, p: dict[str, Any], where: str) -> str:
+    """Start an application and wait until it shows a window, so the first observation shows it; a command that
+    exits with an error (not installed: 127) or never maps a window fails the setup with the reason. A launch that
+    shows no window on purpose says `"wait_for_window": false`."""
     command = _param(p, "command", where)
-    argv = ["bash", "-c", _argv(command, p.get("shell", False))]
-    _desktop(session, where).launch(argv)
-    return f"launched {command}"
+    desktop = _desktop(session, where)
+    before = len(desktop.windows())
+    proc = desktop.launch(["bash", "-c", _argv(command, p.get("shell", False))])
+    if not p.get("wait_for_window", True):
+        return f"launched {command}"
+    timeout = float(p.get("window_timeout", LAUNCH_WINDOW_TIMEOUT_S))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if len(desktop.windows()) > before:
+            return f"launched {command}"
+        code = proc.poll()
+        if code is not None and code != 0:
+            why = "command not found: is the application installed in the sandbox?" if code == 127 else ""
+            raise TaskConfigError(f"{where}: {command!r} exited with status {code}{': ' + why if why else ''}")
+        time.sleep(0.05)
+    raise TaskConfigError(f"{where}: {command!r} showed no window within {timeout:g} s")
 
 
 def _setup_execute(session: Session, p: dict[str, Any], where: str) -> str:

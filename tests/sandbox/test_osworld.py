@@ -171,3 +171,29 @@ def test_infeasible_tasks_are_scored_by_the_last_action(session):
     assert evaluate(session, flag, last_action="finished") == 1.0
     assert evaluate(session, flag, last_action="call_user") == 1.0
     assert evaluate(session, flag, last_action="fail") == 0.0
+
+
+@needs_sessions
+def test_launch_waits_for_the_window_so_the_first_observation_shows_the_app(session):
+    run_setup(session, [{"type": "launch", "parameters": {"command": ["mousepad"]}}])
+    assert any(cls == "Mousepad" for cls, _ in session.desktop.windows())  # no wait needed after setup returns
+
+
+@needs_sessions
+@pytest.mark.parametrize(
+    ("parameters", "message"),
+    [
+        ({"command": ["libreoffice_calc"]}, r"exited with status 127: command not found: is the application installed"),
+        ({"command": "sleep 30", "shell": True, "window_timeout": 1}, r"showed no window within 1 s"),
+    ],
+)
+def test_a_launch_that_cannot_show_its_app_fails_the_setup_with_the_reason(session, parameters, message):
+    with pytest.raises(TaskConfigError, match=message):
+        run_setup(session, [{"type": "launch", "parameters": parameters}])
+
+
+@needs_sessions
+def test_a_launch_without_a_window_can_say_so(session):
+    done = run_setup(session, [{"type": "launch", "parameters": {"command": "sleep 5", "shell": True,
+                                                                  "wait_for_window": False}}])  # fmt: skip
+    assert done == ["launched sleep 5"]
