@@ -122,7 +122,8 @@ class Route(models.TextChoices):
 class Validation(models.Model):
     """V(s) of one trajectory in one iteration, its components and where it was routed (and why)."""
 
-    iteration = models.ForeignKey(Iteration, on_delete=models.CASCADE, related_name="validations")
+    # No index of its own: the (iteration, trajectory) unique constraint leads with it.
+    iteration = models.ForeignKey(Iteration, on_delete=models.CASCADE, related_name="validations", db_index=False)
     trajectory = models.ForeignKey("annotation_app.Trajectory", on_delete=models.CASCADE, related_name="validations")
     v = models.FloatField(help_text="The validation score, 0..1.")
     components = models.JSONField(default=dict, help_text="{name: {value, source}} of each signal that counted.")

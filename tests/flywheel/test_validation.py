@@ -205,3 +205,25 @@ def test_fast_path_accepts_only_text_the_parser_accepts(text):
 def test_structural_problems_name_at_most_three():
     many = signals(indices=[0, 5, 6], no_screenshot=[0], unfinished=[1], actions=["x", "y", "z"])
     assert len(structural_problems(many)) == 3
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.lists(st.lists(_FRAGMENTS, min_size=1, max_size=8).map("".join), min_size=1, max_size=5))
+def test_a_trajectory_passes_the_grammar_check_only_when_every_action_parses(texts):
+    def parses(text: str) -> bool:
+        try:
+            parse_actions(text)
+        except ActionSyntaxError:
+            return False
+        return True
+
+    problems = structural_problems(signals(indices=list(range(len(texts))), actions=texts))
+    assert (problems == []) == all(parses(t) for t in texts)
+
+
+def test_steps_are_never_read_across_their_boundary():
+    # Each half is broken; joined they would read as one valid call.
+    halves = ["type(content='a", "b')"]
+    assert structural_problems(signals(indices=[0, 1], actions=halves))
+    assert structural_problems(signals(indices=[0], actions=["wait()\x00wait()"]))
+    assert structural_problems(signals(indices=[0, 1], actions=["wait()", "type(content='x\\"]))
