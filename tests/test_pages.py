@@ -35,7 +35,7 @@ def test_each_role_lands_on_its_page(client, demo, username, landing, text):
 
 def test_demo_data_is_there_once(demo):
     assert User.objects.filter(username__in=["annotator", "lead", "engineer", "admin"]).count() == 4
-    assert Task.objects.filter(external_id__startswith="demo-").count() == 12
+    assert Task.objects.filter(external_id__startswith="demo2-").count() == 8
     assert ModelVersion.objects.filter(is_active=True).count() == 1
     assert Trajectory.objects.count() == 1
 
@@ -63,7 +63,7 @@ def test_review_from_the_trajectory_page(client, demo):
     trajectory = Trajectory.objects.get()
     _login(client, "lead")
     page = client.get(reverse("trajectory", args=[trajectory.pk]))
-    assert "Save review" in page.content.decode() and "hotkey(key=&#x27;ctrl t&#x27;)" in page.content.decode()
+    assert "Save review" in page.content.decode() and "date &gt; date.txt" in page.content.decode()
     assert client.post(reverse("trajectory-review", args=[trajectory.pk]), {"verdict": "maybe"}).status_code == 400
     response = client.post(reverse("trajectory-review", args=[trajectory.pk]), {"verdict": "approve", "score": "4"})
     assert response.status_code == 302

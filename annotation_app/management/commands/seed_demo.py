@@ -9,7 +9,7 @@ from django.db import transaction
 from annotation_app.candidates import candidate
 from annotation_app.models import Role, Step, Task, Trajectory, User
 from annotation_app.task_queue import next_task
-from annotation_app.trajectories import typed_action
+from annotation_app.trajectories import submit, typed_action
 from flywheel.models import ModelVersion
 
 DEMO_PASSWORD = "demo-pass-123"
@@ -20,30 +20,67 @@ DEMO_USERS = [
     ("engineer", Role.ML_ENGINEER, False),
     ("admin", Role.DATA_LEAD, True),
 ]
-DEMO_TASKS = [
-    ("chrome", "browser", 2, "Open the website 'example.org' in a new tab and bookmark it."),
-    ("chrome", "browser", 3, "Change the default search engine of the browser to DuckDuckGo."),
-    ("libreoffice_calc", "desktop", 3, "Sum column B of the open spreadsheet and put the total in B20."),
-    ("libreoffice_calc", "desktop", 4, "Create a bar chart of monthly sales from the table on Sheet1."),
-    ("libreoffice_writer", "desktop", 2, "Make the document title bold and centre it."),
-    ("gimp", "desktop", 4, "Resize the open image to 800 pixels wide, keeping its aspect ratio, and export it as PNG."),
+
+
+def _terminal(script: str = "") -> list[dict]:
+    """Setup: optional shell commands in the session's home, then a terminal on the desktop."""
+    steps = [{"type": "execute", "parameters": {"command": script, "shell": True}}] if script else []
+    return [*steps, {"type": "launch", "parameters": {"command": ["xterm", "-maximized"]}}]
+
+
+def _output_is(command: str, expected: str) -> dict:
+    """Evaluator: `command`'s output, run in the session after the annotator finished, equals `expected`."""
+    return {
+        "func": "exact_match",
+        "result": {"type": "vm_command_line", "command": command, "shell": True},
+        "expected": {"type": "rule", "rules": {"expected": expected}},
+    }
+
+
+# Tasks the sandbox desktop can really run (xterm, mousepad), each with an OSWorld evaluator, plus one infeasible
+# task (the right answer is fail()) and one without an evaluator.
+# (external id, domain, difficulty, instruction, setup, evaluator)
+TODO_FILE = {"type": "execute", "parameters": {"command": "printf 'call mum\\n' > ~/todo.txt", "shell": True}}
+DEMO_TASKS: list[tuple[str, str, int, str, list[dict], dict]] = [
     (
-        "terminal",
-        "desktop",
-        2,
-        "Create a folder named 'reports' in the home directory and move every .csv file into it.",
+        "demo2-date", "terminal", 1, "Write today's date into a file named date.txt in your home folder.",
+        _terminal(), _output_is("test -s ~/date.txt && echo written", "written"),
     ),
-    ("vs_code", "desktop", 3, "Install the Python extension and set the editor font size to 16."),
     (
-        "thunderbird",
-        "desktop",
-        3,
-        "Create a mail filter that moves messages from 'billing@example.com' to the Invoices folder.",
+        "demo2-notes", "mousepad", 2,
+        "Type 'hello world' in the text editor and save it as notes.txt in your home folder.",
+        [{"type": "launch", "parameters": {"command": ["mousepad"]}}], _output_is("cat ~/notes.txt", "hello world"),
     ),
-    ("os", "desktop", 1, "Turn on the 'Do Not Disturb' mode."),
-    ("2048", "game", 3, "Play 2048 until you reach the 512 tile."),
-    ("settings", "mobile", 2, "Enable dark mode in the phone's display settings."),
-]
+    (
+        "demo2-todo", "mousepad", 2, "Add a line 'buy milk' at the end of todo.txt and save the file.",
+        [TODO_FILE, {"type": "launch", "parameters": {"command": ["mousepad", "todo.txt"]}}],
+        _output_is("tail -n 1 ~/todo.txt", "buy milk"),
+    ),
+    (
+        "demo2-reports", "terminal", 3,
+        "Create a folder named reports in your home folder and move every .csv file into it.",
+        _terminal("touch jan.csv feb.csv notes.txt"),
+        _output_is("cd ~ && ls reports/*.csv | wc -l && ls *.csv 2>/dev/null | wc -l", "2\n0"),
+    ),
+    (
+        "demo2-lines", "terminal", 3,
+        "Count the lines of /etc/passwd and write the number into lines.txt in your home folder.",
+        _terminal(), _output_is('[ "$(cat ~/lines.txt)" = "$(wc -l < /etc/passwd)" ] && echo right', "right"),
+    ),
+    (
+        "demo2-script", "terminal", 4,
+        "Write a shell script hello.sh in your home folder that prints 'hi', and make it executable.",
+        _terminal(), _output_is("cd ~ && ./hello.sh", "hi"),
+    ),
+    (
+        "demo2-spreadsheet", "office", 3, "Sum column B of the open spreadsheet and put the total in B20.",
+        _terminal(), {"func": "infeasible"},  # no spreadsheet app here: the right answer is fail()
+    ),
+    (
+        "demo2-explore", "terminal", 1, "Open the terminal and list the files in your home folder, hidden ones too.",
+        _terminal(), {},  # no evaluator: the trajectory says so instead of a score
+    ),
+]  # fmt: skip
 
 
 class Command(BaseCommand):
@@ -64,22 +101,25 @@ class Command(BaseCommand):
                 user.set_password(DEMO_PASSWORD)
                 user.save()
             users[username] = user
-        for i, (domain, platform, difficulty, instruction) in enumerate(DEMO_TASKS):
+        for i, (external_id, domain, difficulty, instruction, setup, evaluator) in enumerate(DEMO_TASKS):
             Task.objects.get_or_create(
-                external_id=f"demo-{i:03d}",
+                external_id=external_id,
                 defaults={
                     "instruction": instruction,
                     "domain": domain,
-                    "platform": platform,
+                    "platform": Task.Platform.DESKTOP,
                     "difficulty": difficulty,
                     "importance": len(DEMO_TASKS) - i,
                     "related_apps": [domain],
                     "created_by": users["lead"],
-                    "setup_config": [{"type": "launch", "parameters": {"command": [domain]}}]
-                    if platform == "desktop"
-                    else [],
+                    "setup_config": setup,
+                    "evaluator": evaluator,
                 },
             )
+        # Earlier versions seeded tasks for apps the sandbox does not have (LibreOffice, GIMP, …): out of the pool.
+        Task.objects.filter(external_id__regex=r"^demo-\d{3}$").exclude(status=Task.Status.ARCHIVED).update(
+            status=Task.Status.ARCHIVED
+        )
         model, _ = ModelVersion.objects.get_or_create(
             name="ui-tars-1.5-7b",
             defaults={"checkpoint_uri": "hf://ByteDance-Seed/UI-TARS-1.5-7B", "notes": "Base model of the flywheel."},
@@ -98,29 +138,39 @@ class Command(BaseCommand):
         if active is None or not active.endpoint_url:
             embedded.promote()
         if not Trajectory.objects.filter(annotator=users["annotator2"]).exists():
+            # A submitted interactive trajectory for the lead to review; submit() completes annotator2's assignment.
             assignment = next_task(users["annotator2"])
             trajectory = Trajectory.objects.create(
                 task=assignment.task,
                 annotator=users["annotator2"],
                 mode=Trajectory.Mode.INTERACTIVE,
                 model_version=model,
-                status=Trajectory.Status.SUBMITTED,
+                screen_width=1280,
+                screen_height=800,
             )
             Step.objects.create(
                 trajectory=trajectory,
                 index=0,
                 source=Step.Source.MODEL,
-                thought="The browser is open; I need the address bar first.",
-                action_text="hotkey(key='ctrl t')",
-                action=typed_action("hotkey(key='ctrl t')"),
+                thought="The terminal is open; I will write the date into the file with one command.",
+                action_text="type(content='date > date.txt\\n')",
+                action=typed_action("type(content='date > date.txt\\n')"),
+                candidates=[
+                    candidate(thought="Click the terminal first.", action_text="click(start_box='(640,400)')"),
+                    candidate(
+                        thought="The terminal is open; I will write the date into the file with one command.",
+                        action_text="type(content='date > date.txt\\n')",
+                    ),
+                ],
+                chosen_candidate=1,
             )
             Step.objects.create(
                 trajectory=trajectory,
                 index=1,
                 source=Step.Source.HUMAN,
-                thought="Type the address and press Enter to load the site.",
-                action_text="type(content='example.org\\n')",
-                action=typed_action("type(content='example.org\\n')"),
-                candidates=[candidate(thought="Click the address bar.", action_text="click(start_box='(640,60)')")],
+                thought="The file is written; the task is done.",
+                action_text="finished(content='date.txt holds the date')",
+                action=typed_action("finished(content='date.txt holds the date')"),
             )
+            submit(trajectory)
         self.stdout.write(self.style.SUCCESS("Demo data ready."))
