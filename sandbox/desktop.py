@@ -35,6 +35,7 @@ from Xlib import display as xdisplay
 from Xlib.error import ConnectionClosedError, XError
 from Xlib.ext import xtest
 
+from . import panel as look
 from .actions import (
     Action,
     CallUser,
@@ -101,9 +102,11 @@ class Desktop:
         *,
         user: SessionUser | None = None,
         timeout: float = 10.0,
+        panel: bool = True,
     ) -> Desktop:
         """Start a desktop; with `user`, its X server, window manager and VNC server run as that user, and the
-        applications it launches are confined like the user's shell commands (see isolation.py)."""
+        applications it launches are confined like the user's shell commands (see isolation.py). With `panel` (and
+        tint2 installed) it has a wallpaper and a panel with launchers and a clock (see panel.py)."""
         home = user.home if user else home
         home.mkdir(parents=True, exist_ok=True)
         # The X server's cookie, readable by the session's user alone (the server runs as that user and reads it).
@@ -151,6 +154,8 @@ class Desktop:
             desktop.processes["vnc"] = desktop._popen(vnc, **quiet)
             desktop._connect()
             desktop._wait_for_window_manager(timeout)
+            if panel and look.available():
+                desktop._start_panel(timeout)
         except BaseException:
             desktop.stop()
             raise
@@ -160,6 +165,27 @@ class Desktop:
     def xauthority(self) -> Path:
         """The file holding this display's cookie (the session's user alone may read it)."""
         return self.home / ".Xauthority"
+
+    def _start_panel(self, timeout: float) -> None:
+        """Paint the wallpaper (in-process) and start the panel, waiting until it is on screen: the first
+        observation shows it, and a task's launched app is not mistaken for it."""
+        root = self.x.screen().root
+        r, g, b = look.WALLPAPER_RGB
+        root.change_attributes(background_pixel=(r << 16) | (g << 8) | b)
+        root.clear_area()
+        config = look.write_config(self.home, self.user)
+        quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "start_new_session": True}
+        self.processes["panel"] = self._popen(["tint2", "-c", str(config)], **quiet)
+        deadline = time.monotonic() + timeout
+        while not self._panel_mapped():
+            if self.processes["panel"].poll() is not None:
+                raise DesktopError(f"the panel (tint2) exited with status {self.processes['panel'].returncode}")
+            if time.monotonic() > deadline:
+                raise DesktopError(f"the panel (tint2) did not show within {timeout} s")
+            time.sleep(0.01)
+
+    def _panel_mapped(self) -> bool:
+        return any(cls in look.PANEL_CLASSES for cls, _ in self._classed_windows())
 
     def env(self) -> dict[str, str]:
         """The environment of a program shown on this desktop."""
@@ -264,7 +290,12 @@ class Desktop:
             raise DesktopError(f"desktop :{self.display} is gone ({type(exc).__name__})") from exc
 
     def windows(self) -> list[tuple[str, str]]:
-        """(WM class, title) of every top-level application window that is on screen, e.g. ("XTerm", "xterm")."""
+        """(WM class, title) of every top-level application window that is on screen, e.g. ("XTerm", "xterm");
+        the desktop's own panel is not one."""
+        return [(cls, title) for cls, title in self._classed_windows() if cls not in look.PANEL_CLASSES]
+
+    def _classed_windows(self) -> list[tuple[str, str]]:
+        """(WM class, title) of every viewable top-level client window, looking inside window-manager frames."""
         found = []
         pending = list(self.x.screen().root.query_tree().children)
         while pending:
