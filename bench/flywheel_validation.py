@@ -3,7 +3,9 @@
 Seeds a dedicated database (`annotation_flywheel_bench`, created, migrated, filled with COPY, dropped at the end
 unless --keep) and measures, in one run:
 - the stage as the Celery task runs it (`flywheel.iterations.validate_and_route`: chunks of 2,000, one query for the
-  trajectories, one for their steps, one bulk insert, one progress update per chunk);
+  trajectories, one for their steps, a COPY and one INSERT, one progress update per chunk; the next chunk fetched on
+  a second connection meanwhile), wall-clock; then its queries and CPU seconds (this process + its PostgreSQL
+  backend) in a second, inline pass, so the cost shows apart from the machine's load;
 - the baseline: the naive per-trajectory ORM loop (get the trajectory, its steps, its review and capture, parse each
   action with the full parser, save one Validation), on a sample, extrapolated per trajectory;
 - the queries per chunk for trajectories of 2 steps and of `--steps` steps (they must be equal).
@@ -210,6 +212,26 @@ def seed(n: int, steps: int, domain: str, rng: random.Random) -> None:
         cursor.execute("ANALYZE")
 
 
+def backend_cpu_s() -> float:
+    """CPU seconds PostgreSQL's backend process for this connection has used (same host: /proc)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        pid = cursor.fetchone()[0]
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextmanager
+def cpu_time() -> Iterator[list[float]]:
+    """CPU seconds spent inside the block by this process and by its database backend: the cost, whatever the load."""
+    used = [0.0]
+    client, server = time.process_time(), backend_cpu_s()
+    yield used
+    used[0] = time.process_time() - client + backend_cpu_s() - server
+
+
 @contextmanager
 def counting() -> Iterator[list[int]]:
     """Count the queries run inside the block (a wrapper, not Django's debug cursor, so it costs nothing)."""
@@ -238,19 +260,26 @@ def iteration_for(domain: str) -> Any:
     return iteration
 
 
-def run_stage(domain: str, chunk: int) -> tuple[int, float, int, dict[str, Any]]:
-    from flywheel.iterations import validate_and_route
+def run_stage(domain: str, chunk: int) -> tuple[int, float, float, int, dict[str, Any]]:
+    """The stage as the worker runs it (the next chunk prefetched on a second connection), timed; then again, on a
+    fresh iteration, inline on one connection, where its queries and its CPU (client + backend) are counted."""
+    import flywheel.iterations as stage
     from flywheel.models import Validation
 
     iteration = iteration_for(domain)
-    with counting() as queries:
-        started = time.perf_counter()
-        output = validate_and_route(iteration, chunk=chunk)
-        seconds = time.perf_counter() - started
-    return Validation.objects.filter(iteration=iteration).count(), seconds, queries[0], output
+    started = time.perf_counter()
+    output = stage.validate_and_route(iteration, chunk=chunk)
+    seconds = time.perf_counter() - started
+    stage.PREFETCH = False
+    try:
+        with counting() as queries, cpu_time() as cpu:
+            stage.validate_and_route(iteration_for(domain), chunk=chunk)
+    finally:
+        stage.PREFETCH = True
+    return Validation.objects.filter(iteration=iteration).count(), seconds, cpu[0], queries[0], output
 
 
-def run_baseline(domain: str, sample: int) -> tuple[int, float, int]:
+def run_baseline(domain: str, sample: int) -> tuple[int, float, float, int]:
     """The naive loop: per trajectory, the ORM fetches it, its steps, review and capture; each action goes through
     the full parser; one INSERT per Validation."""
     from annotation_app.models import Capture, Trajectory
@@ -261,7 +290,7 @@ def run_baseline(domain: str, sample: int) -> tuple[int, float, int]:
     iteration = iteration_for(domain)
     config = VConfig.from_dict(iteration.config["v"])
     ids = list(Trajectory.objects.filter(task__domain=domain).order_by("id").values_list("id", flat=True)[:sample])
-    with counting() as queries:
+    with counting() as queries, cpu_time() as cpu:
         started = time.perf_counter()
         for pk in ids:
             trajectory = Trajectory.objects.get(pk=pk)
@@ -300,7 +329,7 @@ def run_baseline(domain: str, sample: int) -> tuple[int, float, int]:
                 threshold=verdict.threshold,
             )
         seconds = time.perf_counter() - started
-    return len(ids), seconds, queries[0]
+    return len(ids), seconds, cpu[0], queries[0]
 
 
 def main() -> None:
@@ -327,13 +356,13 @@ def main() -> None:
         seed(few, 2, "few", rng)  # 2 steps each, validated in as many chunks: the queries must be the same
         log(f"seeded in {time.perf_counter() - started:.1f} s")
         log("validation + routing stage…")
-        n, seconds, queries, output = run_stage("main", args.chunk)
+        n, seconds, cpu, queries, output = run_stage("main", args.chunk)
         log("the same stage on 2-step trajectories, in as many chunks…")
         chunks = -(-n // args.chunk)
         few_chunk = -(-few // chunks)
-        few_n, few_seconds, few_queries, _ = run_stage("few", few_chunk)
+        few_n, few_seconds, few_cpu, few_queries, _ = run_stage("few", few_chunk)
         log(f"baseline: naive per-trajectory ORM loop on {args.baseline}…")
-        base_n, base_seconds, base_queries = run_baseline("main", args.baseline)
+        base_n, base_seconds, base_cpu, base_queries = run_baseline("main", args.baseline)
     finally:
         if not args.keep:
             drop_database(env)
@@ -342,23 +371,23 @@ def main() -> None:
     print()
     print(f"Flywheel validation + routing, {args.trajectories:,} trajectories x {args.steps} steps (ORM excluded)")
     print()
-    print(
-        "| variant | trajectories | steps each | seconds | trajectories/s | queries | queries per chunk | vs baseline |"
-    )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    print(
-        f"| naive per-trajectory ORM loop (baseline) | {base_n:,} | {args.steps} | {base_seconds:.2f} | "
-        f"{base_rate:,.0f} | {base_queries:,} | {base_queries / base_n:.1f} per trajectory | 1.0x |"
-    )
-    print(
-        f"| bulk stage (chunks of {args.chunk:,}) | {n:,} | {args.steps} | {seconds:.2f} | {rate:,.0f} | {queries:,} | "
-        f"{queries / chunks:.1f} | {rate / base_rate:.1f}x |"
-    )
-    print(
-        f"| bulk stage, 2-step trajectories (chunks of {few_chunk:,}) | {few_n:,} | 2 | {few_seconds:.2f} | "
-        f"{few_n / few_seconds:,.0f} | {few_queries:,} | {few_queries / few_chunks:.1f} | "
-        f"{few_n / few_seconds / base_rate:.1f}x |"
-    )
+    print("| variant | trajectories | steps each | wall s | trajectories/s | CPU s (client + PostgreSQL) "
+          "| trajectories per CPU-s | queries | queries per chunk | vs baseline (wall) |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    table = [
+        ("naive per-trajectory ORM loop (baseline)", base_n, args.steps, base_seconds, base_cpu, base_queries,
+         f"{base_queries / base_n:.1f} per trajectory"),
+        (f"bulk stage (chunks of {args.chunk:,})", n, args.steps, seconds, cpu, queries, f"{queries / chunks:.1f}"),
+        (f"bulk stage, 2-step trajectories (chunks of {few_chunk:,})", few_n, 2, few_seconds, few_cpu, few_queries,
+         f"{few_queries / few_chunks:.1f}"),
+    ]  # fmt: skip
+    for name, count, steps, wall, used, q, per_chunk in table:
+        print(
+            f"| {name} | {count:,} | {steps} | {wall:.2f} | {count / wall:,.0f} | {used:.2f} | {count / used:,.0f} "
+            f"| {q:,} | {per_chunk} | {count / wall / base_rate:.1f}x |"
+        )
+    load = os.getloadavg()
+    print(f"\nload average during the run: {load[0]:.1f} (1 min) on {os.cpu_count()} CPUs")
     print()
     print(f"routes: {output['routes']}  SFT share: {output['sft_share']}")
     print(f"goal >= 5,000 trajectories/s: {'met' if rate >= 5000 else 'NOT met'} ({rate:,.0f}/s); ", end="")

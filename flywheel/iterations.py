@@ -12,6 +12,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
@@ -364,6 +365,46 @@ def _trajectory_rows(queryset: QuerySet[Trajectory], after: int, chunk: int) -> 
     )
 
 
+def _fetch(pending: QuerySet[Trajectory], after: int, chunk: int) -> tuple[int, list[Signals]]:
+    """The next chunk after id `after`: its last id and its trajectories' signals (two queries)."""
+    rows = _trajectory_rows(pending, after, chunk)
+    return (rows[-1][0] if rows else after), gather(rows) if rows else []
+
+
+def _fetch_in_thread(pending: QuerySet[Trajectory], after: int, chunk: int) -> tuple[int, list[Signals]]:
+    try:
+        return _fetch(pending, after, chunk)
+    finally:
+        connection.close()  # this thread's own connection
+
+
+PREFETCH = True  # fetch the next chunk on a second connection (bench/flywheel_validation.py compares both)
+
+
+def _chunks_of_signals(pending: QuerySet[Trajectory], chunk: int) -> Iterator[list[Signals]]:
+    """The signals of `pending`, chunk by chunk (keyset on id). Outside a transaction the next chunk is fetched on a
+    second connection while the caller validates and stores this one, so PostgreSQL and Python work at once; inside
+    one (a caller's atomic block, the tests' transaction) a second connection could not see the rows, so it fetches
+    inline."""
+    if connection.in_atomic_block or not PREFETCH:
+        after = 0
+        while True:
+            after, signals = _fetch(pending, after, chunk)
+            if not signals:
+                return
+            yield signals
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="flywheel-fetch") as pool:
+        after, signals = _fetch(pending, 0, chunk)
+        while signals:
+            upcoming = pool.submit(_fetch_in_thread, pending, after, chunk)
+            try:
+                yield signals
+            except BaseException:
+                upcoming.cancel()
+                raise
+            after, signals = upcoming.result()
+
+
 def validate_and_route(
     iteration: Iteration, *, chunk: int = CHUNK, on_chunk: Callable[[int, int], None] | None = None
 ) -> dict[str, Any]:
@@ -377,10 +418,8 @@ def validate_and_route(
     done = mine.count()
     report = on_chunk or (lambda d, t: progress(iteration, Stage.VALIDATE, d, t))
     report(done, total)
-    after = 0
-    while rows := _trajectory_rows(pending, after, chunk):
-        after = rows[-1][0]
-        verdicts = [(s.trajectory_id, validate(s, config)) for s in gather(rows)]
+    for signals in _chunks_of_signals(pending, chunk):
+        verdicts = [(s.trajectory_id, validate(s, config)) for s in signals]
         insert_validations(iteration.pk, verdicts)
         done += len(verdicts)
         report(done, total)
@@ -400,6 +439,8 @@ def insert_validations(iteration_id: int, verdicts: list[tuple[int, Verdict]]) -
             "CREATE TEMP TABLE IF NOT EXISTS flywheel_validation_in (trajectory_id bigint, v float8, components jsonb,"
             " route text, reason text, threshold float8) ON COMMIT DELETE ROWS"
         )
+        # Emptied here too: inside a caller's transaction nothing commits between chunks.
+        cursor.execute("TRUNCATE flywheel_validation_in")
         with cursor.copy("COPY flywheel_validation_in FROM STDIN") as copy:
             for pk, verdict in verdicts:
                 copy.write_row(
