@@ -87,7 +87,7 @@ class ReviewAdmin(admin.ModelAdmin):
 
 @admin.register(LiveSession)
 class LiveSessionAdmin(admin.ModelAdmin):
-    """Operators look here for stuck or failed live sessions; the state itself is changed by annotation_app.live."""
+    """Operators look here for stuck or failed live sessions; annotation_app.live.sessions changes their state."""
 
     list_display = ("trajectory", "status", "kind", "next_index", "proposals", "end_reason", "updated_at")
     list_filter = ("status", "kind", "proposals")

@@ -59,7 +59,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         if session is None:
             await self.close(code=4404)
             return
-        from .live import group, state_of
+        from .live.sessions import group, state_of
 
         self.session, self.group = session, group(trajectory_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
@@ -73,7 +73,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         if isinstance(content, dict) and content.get("type") == "heartbeat":
-            from .live import lease_alive
+            from .live.sessions import lease_alive
 
             await self.session.arefresh_from_db()
             alive = await database_sync_to_async(lease_alive)(self.session)

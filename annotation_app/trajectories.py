@@ -14,7 +14,7 @@ from sandbox.actions import action_to_dict, parse_actions
 
 from . import task_queue
 from .models import Assignment, Recording, Review, Step, Task, Trajectory, User
-from .uploads import AUDIO_FORMATS, IMAGE_FORMATS, check_upload, count_event_lines
+from .upload_checks import AUDIO_FORMATS, IMAGE_FORMATS, check_upload, count_event_lines
 
 
 def typed_action(action_text: str) -> dict[str, Any]:

@@ -6,7 +6,8 @@ from django.urls import include, path
 
 from flywheel import views as flywheel_views
 
-from . import insitu_views, lead_views, live_views, views
+from . import insitu_views, lead_views, views
+from .live import views as live_views
 
 urlpatterns = [
     path("", views.home, name="home"),

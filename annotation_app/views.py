@@ -14,13 +14,14 @@ from django.http import FileResponse, Http404, HttpRequest, HttpResponse, JsonRe
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
-from . import live, task_queue, trajectories
+from . import task_queue, trajectories
+from .live import sessions as live
 from .models import Review, Role, Task, Trajectory
 from .permissions import Capability, can, requires, trajectories_visible_to
 from .task_import import TaskImportError, import_tasks
 from .throttling import FailureLimiter, client_address
 from .trajectories import Conflict
-from .uploads import UploadRejected, check_size
+from .upload_checks import UploadRejected, check_size
 
 LANDING = {Role.ANNOTATOR: "annotate", Role.DATA_LEAD: "lead", Role.ML_ENGINEER: "flywheel"}
 

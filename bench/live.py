@@ -198,7 +198,7 @@ def concurrent(sessions: int, duration: float) -> dict[str, float]:
 
 
 def cleanup() -> None:
-    from annotation_app import live
+    from annotation_app.live import sessions as live
     from annotation_app.models import Trajectory
 
     users = User.objects.filter(username__startswith="bench-live-")

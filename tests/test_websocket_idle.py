@@ -13,7 +13,7 @@ from django.test import Client
 from websockets.sync.client import ClientConnection, connect
 
 from annotation_app.consumers import role_group
-from annotation_app.live import group as live_group
+from annotation_app.live.sessions import group as live_group
 from annotation_app.models import LiveSession, Role
 
 from .factories import TrajectoryFactory, UserFactory

@@ -14,7 +14,7 @@ from training.policy.client import PolicyError
 from ..task_import import TaskImportError
 from ..task_queue import QueueEmpty
 from ..trajectories import Conflict, Invalid
-from ..uploads import UploadRejected
+from ..upload_checks import UploadRejected
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:

@@ -6,7 +6,8 @@ from rest_framework.routers import DefaultRouter
 
 from flywheel import api as flywheel_api
 
-from . import insitu, live, views
+from ..live import api as live
+from . import insitu, views
 from .auth import obtain_auth_token
 
 router = DefaultRouter(trailing_slash=True)

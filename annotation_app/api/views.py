@@ -15,11 +15,12 @@ from rest_framework.views import APIView
 
 from flywheel.models import ModelVersion
 
-from .. import live, trajectories
+from .. import trajectories
+from ..live import sessions as live
 from ..models import Trajectory, User
 from ..permissions import Capability, allows, can, can_edit_trajectory, tasks_visible_to, trajectories_visible_to
 from ..task_import import import_tasks
-from ..uploads import check_size
+from ..upload_checks import check_size
 from . import serializers as s
 
 

@@ -25,11 +25,12 @@ from django.utils import timezone
 
 from sandbox.client import SandboxClient, SandboxError, SessionGoneError
 
-from ..live import release_quietly, sandbox_as
+from .. import queues
+from ..live.sessions import release_quietly, sandbox_as
 from ..models import Assignment, Capture, Task, User
 from ..task_queue import current_assignment
 from ..trajectories import Conflict, Invalid
-from ..uploads import AUDIO_FORMATS, check_upload
+from ..upload_checks import AUDIO_FORMATS, check_upload
 from .uploads import _enqueue, archive_file
 
 log = logging.getLogger(__name__)
@@ -82,9 +83,7 @@ def open_browser_capture(annotator: User) -> Capture:
             status=Capture.Status.RECORDING,
             stage=STARTING,
         )
-        from ..tasks import start_capture
-
-        transaction.on_commit(lambda: start_capture.delay(capture.pk))
+        transaction.on_commit(lambda: queues.enqueue(queues.START_CAPTURE, capture.pk))
     return capture
 
 

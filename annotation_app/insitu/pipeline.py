@@ -21,6 +21,7 @@ from django.db import transaction
 from sandbox.actions import Finished, format_action
 from training.policy.client import PolicyError
 
+from .. import queues
 from ..models import Assignment, Capture, Recording, Step, Task, Trajectory
 from ..trajectories import Conflict
 from . import curate
@@ -78,12 +79,10 @@ def mark_failed(capture_id: int, message: str) -> None:
 
 def requeue(capture: Capture) -> None:
     """Process a failed capture again (after a fix on the server, or a transient failure)."""
-    from ..asr import process_capture
-
     if capture.status != Capture.Status.FAILED:
         raise Conflict(f"Only a failed capture can be processed again; this one is {capture.get_status_display()}.")
     Capture.objects.filter(pk=capture.pk).update(status=Capture.Status.QUEUED, stage="queued", progress=0.0, error="")
-    transaction.on_commit(lambda: process_capture.delay(capture.pk))
+    transaction.on_commit(lambda: queues.enqueue(queues.PROCESS_CAPTURE, capture.pk))
 
 
 def _process(capture: Capture, progress: Progress) -> None:
@@ -182,7 +181,7 @@ def _refine(instruction: str, steps: list[AlignedStep], progress: Progress, warn
     """Refined thoughts per step (None where nothing was said or the model failed); needs an active model."""
     from flywheel.models import ModelVersion
 
-    from ..live import policy_for
+    from ..live.sessions import policy_for
 
     model = ModelVersion.objects.filter(is_active=True).first()
     if model is None:

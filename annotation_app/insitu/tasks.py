@@ -1,4 +1,5 @@
-"""Celery tasks of the `asr` queue (routed by name): turning think-aloud captures into in-situ trajectories."""
+"""Celery tasks of think-aloud capture: processing a capture into an in-situ trajectory (`asr` queue, by the
+`annotation_app.asr.` name prefix) and starting a browser capture's desktop (`live` queue)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def process_capture(self, capture_id: int) -> str:  # type: ignore[no-untyped-de
 
     Database and file-system hiccups are retried; anything else, or the last retry, marks the capture failed with
     the reason, so the page never shows "processing" forever."""
-    from .insitu.pipeline import mark_failed, process
+    from .pipeline import mark_failed, process
 
     try:
         return process(capture_id).status
@@ -35,3 +36,15 @@ def process_capture(self, capture_id: int) -> str:  # type: ignore[no-untyped-de
             log.exception("capture %s failed", capture_id)
             mark_failed(capture_id, f"Processing failed ({type(exc).__name__}: {exc}). A retry may help.")
         raise
+
+
+# Named under `annotation_app.live.` so CELERY_TASK_ROUTES sends it to the `live` queue: like live annotation's start it
+# leases a sandbox desktop and waits on the task's setup (I/O-bound, seconds to minutes), which the live workers
+# (threads pool) are there for; on the `asr` queue it would wait behind transcriptions while the annotator watches a
+# spinner.
+@shared_task(name="annotation_app.live.start_capture")
+def start_capture(capture_id: int) -> None:
+    """Lease the sandbox desktop of a new browser think-aloud capture and run the task setup (`live` queue)."""
+    from .browser import start_desktop
+
+    start_desktop(capture_id)

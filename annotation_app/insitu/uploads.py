@@ -20,10 +20,11 @@ from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
+from .. import queues
 from ..models import Capture, User
 from ..permissions import tasks_visible_to
 from ..trajectories import Conflict, Invalid
-from ..uploads import UploadRejected
+from ..upload_checks import UploadRejected
 
 CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
 SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -238,9 +239,7 @@ def _file_sha256(path: Path) -> str:
 
 
 def _enqueue(capture_id: int) -> None:
-    from ..asr import process_capture
-
-    process_capture.delay(capture_id)
+    queues.enqueue(queues.PROCESS_CAPTURE, capture_id)
 
 
 def describe(capture: Capture) -> dict[str, Any]:

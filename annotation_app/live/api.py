@@ -18,11 +18,12 @@ from rest_framework.views import APIView
 
 from sandbox.actions import ActionSyntaxError
 
-from .. import live, task_queue
+from .. import task_queue
+from ..api import serializers as s
 from ..models import LiveSession
 from ..permissions import Capability, allows, own_live_session
 from ..trajectories import Conflict, Invalid
-from . import serializers as s
+from . import sessions as live
 
 STATE = inline_serializer("LiveState", {"status": serializers.CharField(), "next_index": serializers.IntegerField()})
 VNC_TOKEN = inline_serializer("VncToken", {"token": serializers.CharField(), "port": serializers.CharField()})

@@ -36,11 +36,11 @@ from training.policy.client import PolicyClient, PolicyError, Proposal, proposal
 from training.policy.client import connection as policy_connection
 from training.policy.prompts import Turn, build_messages
 
-from . import candidates as shapes
-from . import task_queue
-from .evaluation import evaluate_trajectory
-from .models import Assignment, LiveSession, Step, Task, Trajectory, User
-from .trajectories import Conflict, Invalid, start_trajectory, submit
+from .. import candidates as shapes
+from .. import queues, task_queue
+from ..evaluation import evaluate_trajectory
+from ..models import Assignment, LiveSession, Step, Task, Trajectory, User
+from ..trajectories import Conflict, Invalid, start_trajectory, submit
 
 log = logging.getLogger(__name__)
 
@@ -116,9 +116,8 @@ def open_live(annotator: User, task: Task) -> LiveSession:
     with transaction.atomic():
         trajectory = start_trajectory(annotator, task, Trajectory.Mode.INTERACTIVE, model_version=model)
         live = LiveSession.objects.create(trajectory=trajectory, kind=kind)
-    from .tasks import start_live
 
-    transaction.on_commit(lambda: start_live.delay(live.pk))
+    transaction.on_commit(lambda: queues.enqueue(queues.START_LIVE, live.pk))
     return live
 
 
@@ -288,9 +287,7 @@ def propose(live_id: int, index: int) -> None:
 
 
 def request_proposals(live: LiveSession) -> None:
-    from .tasks import propose_live
-
-    propose_live.delay(live.pk, live.next_index)
+    queues.enqueue(queues.PROPOSE_LIVE, live.pk, live.next_index)
 
 
 def retry_proposals(live: LiveSession, *, switch_to_active: bool = False) -> LiveSession:

@@ -11,10 +11,11 @@ from django.views.decorators.http import require_GET, require_POST
 from sandbox.action_regex import HOTKEY_KEYS
 from sandbox.actions import COMPUTER_ACTIONS, action_templates
 
-from . import live, task_queue
-from .context_processors import ws_url
-from .permissions import Capability, own_live_session, requires
-from .trajectories import Conflict
+from .. import task_queue
+from ..context_processors import ws_url
+from ..permissions import Capability, own_live_session, requires
+from ..trajectories import Conflict
+from . import sessions as live
 
 # Snippets the override editor offers as the annotator types: the desktop actions of the grammar's own table.
 ACTION_TEMPLATES = action_templates(COMPUTER_ACTIONS)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from annotation_app import live
+from annotation_app.live import sessions as live
 from annotation_app.models import Trajectory
 
 from .conftest import needs_desktop

@@ -17,8 +17,8 @@ from django.db import connection
 from django.urls import reverse
 from django.utils import timezone
 
-from annotation_app import live
 from annotation_app.consumers import LiveConsumer
+from annotation_app.live import sessions as live
 from annotation_app.models import LiveSession, Role, Step, Trajectory
 from annotation_app.task_queue import next_task
 from annotation_app.trajectories import Conflict, Invalid

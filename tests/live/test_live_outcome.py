@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from annotation_app import live
+from annotation_app.live import sessions as live
 from annotation_app.models import Role, Trajectory
 from annotation_app.task_queue import next_task
 

@@ -1,4 +1,4 @@
-"""Observations wait for the screen to settle: an app that draws late is seen drawn, a busy one is cut off at the cap."""
+"""Observations wait for the screen to settle: an app that draws late is seen drawn; a busy one is cut at the cap."""
 
 import time
 
