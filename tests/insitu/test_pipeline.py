@@ -75,6 +75,7 @@ def test_a_spoken_session_becomes_an_aligned_trajectory_through_a_real_worker(ap
     api.force_login(annotator)
     page = api.get(reverse("insitu-capture-page", args=[capture.pk]))
     assert page.status_code == 200 and b'class="word"' in page.content and b"capture-audio" in page.content
+    assert b'</span> <span class="word"' in page.content  # words keep a space between them ("First,Iopen…" before)
     timeline = api.get(reverse("insitu-capture", args=[capture.pk])).json()
     assert [s["index"] for s in timeline["steps"]] == [0, 1, 2] and timeline["steps"][0]["words"]
     url = reverse("insitu-thought", args=[capture.pk, 0])
