@@ -93,6 +93,29 @@ def duration_seconds(audio: np.ndarray, sample_rate: int = SAMPLE_RATE) -> float
     return audio.shape[-1] / sample_rate
 
 
+def with_duration(data: bytes) -> bytes:
+    """A WebM recording as the browser's MediaRecorder writes it, with no duration (players show 0:00 or Infinity and
+    cannot seek), remuxed into a WebM that declares its duration and has cues; the audio itself is copied, not
+    re-encoded. Other formats, and files that cannot be remuxed, are returned as they are."""
+    try:
+        with av.open(io.BytesIO(data), mode="r", metadata_errors="ignore") as src:
+            if "matroska" not in src.format.name or not src.streams.audio or src.duration is not None:
+                return data
+            out = io.BytesIO()
+            with av.open(out, "w", format="webm") as dst:
+                stream = src.streams.audio[0]
+                copy = dst.add_stream_from_template(stream)
+                for packet in src.demux(stream):
+                    if packet.dts is None:  # the flush packet at the end
+                        continue
+                    packet.stream = copy
+                    dst.mux(packet)
+            return out.getvalue()
+    except (av.error.FFmpegError, OSError, ValueError) as exc:
+        log.warning("could not remux the browser's WebM audio (%s); keeping it as recorded", exc)
+        return data
+
+
 def probe_duration(source: AudioSource) -> float | None:
     """The duration the container declares, without decoding; None when it declares none (MediaRecorder WebM)."""
     label = _label(source)

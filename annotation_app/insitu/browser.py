@@ -31,6 +31,7 @@ from ..models import Assignment, Capture, Task, User
 from ..task_queue import current_assignment
 from ..trajectories import Conflict, Invalid
 from ..upload_checks import AUDIO_FORMATS, check_upload
+from .audio import with_duration
 from .uploads import _enqueue, archive_file
 
 log = logging.getLogger(__name__)
@@ -228,7 +229,7 @@ def finish_recording(capture: Capture, audio: UploadedFile | None, audio_offset:
     files, meta = {}, {"session_id": str(capture.session_id)}
     if audio is not None:
         name = f"audio.{BROWSER_AUDIO[checked.content_type]}"
-        files[name] = audio.read()
+        files[name] = with_duration(audio.read())  # MediaRecorder's WebM declares no duration: players can't seek
         meta["audio"] = {"file": name, "offset": round(audio_offset, 3)}
     archive = rewrite(archive, files, meta)
     path = archive_file(capture)

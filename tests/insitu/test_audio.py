@@ -35,3 +35,47 @@ def test_a_whole_recording_gives_no_warning():
     audio = load_audio(_wav(45.0), warnings=warnings)
     assert abs(audio.size / SAMPLE_RATE - 45.0) < 0.01
     assert warnings == []
+
+
+class _Pipe(io.RawIOBase):
+    """A write-only, unseekable sink: what MediaRecorder streams to, so the muxer cannot go back to write a duration."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:  # type: ignore[no-untyped-def, override]
+        self.data += b
+        return len(b)
+
+
+def _browser_webm(seconds: float) -> bytes:
+    import av
+
+    sink = _Pipe()
+    with av.open(sink, "w", format="webm") as container:
+        stream = container.add_stream("libopus", rate=48000)
+        stream.layout = "mono"
+        t = np.arange(int(seconds * 48000)) / 48000
+        samples = (0.2 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+        for i in range(0, len(samples), 960):
+            frame = av.AudioFrame.from_ndarray(samples[i : i + 960].reshape(1, -1), format="flt", layout="mono")
+            frame.sample_rate = 48000
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode(None):
+            container.mux(packet)
+    return bytes(sink.data)
+
+
+def test_a_browser_webm_without_a_duration_is_remuxed_to_declare_it():
+    from annotation_app.insitu.audio import probe_duration, with_duration
+
+    recorded = _browser_webm(5.0)
+    assert probe_duration(recorded) is None  # what the player saw: no duration, no seeking
+    fixed = with_duration(recorded)
+    assert abs(probe_duration(fixed) - 5.0) < 0.1
+    assert abs(load_audio(fixed).size / SAMPLE_RATE - load_audio(recorded).size / SAMPLE_RATE) < 0.01  # same audio
+    assert with_duration(fixed) is fixed and with_duration(_wav(1.0)) == _wav(1.0)  # nothing else is touched
