@@ -16,4 +16,7 @@ PROCESS_CAPTURE = "annotation_app.asr.process_capture"
 
 def enqueue(task_name: str, *args: Any) -> None:
     """Send the registered task `task_name` with `args` (`delay`, so eager mode and routing apply as usual)."""
+    if task_name not in current_app.tasks:
+        # Web processes never run Celery's autodiscovery (workers do at start): import the apps' task modules once.
+        current_app.loader.import_default_modules()
     current_app.tasks[task_name].delay(*args)
