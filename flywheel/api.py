@@ -25,6 +25,8 @@ from .permissions import READ, RUN
 
 class IterationSerializer(serializers.ModelSerializer):
     started_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    # Plain text: the Stage choices appear once in the schema (the start serializer's `stages`).
+    current_stage = serializers.CharField(read_only=True, help_text="The stage running now (or last run).")
 
     class Meta:
         model = Iteration

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
+from celery import current_app
 from django.contrib.postgres.aggregates import ArrayAgg
 from django.db import connection, transaction
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 
 CHUNK = 2000  # trajectories per round trip: a constant number of queries per chunk, whatever the step count
 EVENT = "flywheel_iteration"
+RUN_TASK = "flywheel.run_iteration"  # flywheel.tasks.run_iteration_task, on the `flywheel` queue
 COORDINATES = ("absolute", "relative1000")
 
 
@@ -127,10 +129,8 @@ def start_iteration(
         config=checked,
         stages={s: {"status": "pending", "done": 0, "total": None} for s in ordered},
     )
-    if enqueue:
-        from .tasks import run_iteration_task
-
-        transaction.on_commit(lambda: run_iteration_task.delay(iteration.pk))
+    if enqueue:  # by name: domain code never imports a task module (flywheel/tasks.py)
+        transaction.on_commit(lambda: current_app.send_task(RUN_TASK, args=[iteration.pk]))
     push(iteration)
     return iteration
 
