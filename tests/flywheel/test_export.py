@@ -150,3 +150,42 @@ def test_the_store_frame_is_kept_across_versions(media):
     _run(config={"export": {"coordinates": "relative1000"}})
     with pytest.raises(IterationError, match="store is in relative1000 coordinates"):
         start_iteration(None, enqueue=False, config={"export": {"coordinates": "absolute"}})
+
+
+def test_the_trainer_renders_an_exported_store_with_its_images(media, tmp_path):
+    """The SFT trainer's own reader and renderer (tiny Qwen2.5-VL built from a config) take the store as written:
+    one loss-masked turn per step, one image per step."""
+    from training.data import Renderer, collate
+    from training.models import load_tokenizer
+    from training.policy.tiny import build_tiny_checkpoint
+
+    for action in ("click(start_box='(10,20)')", "type(content='hi')"):
+        _one((280, 224), action)
+    _run(config={"v": {"threshold": 0.5}})
+    tokenizer, processor = load_tokenizer(build_tiny_checkpoint(tmp_path / "tiny"))
+    episodes = list(read_episodes(_store("sft")))
+    assert len(episodes) == 2
+    renderer = Renderer(tokenizer, image_processor=processor)
+    samples = [renderer.render(e) for e in episodes]
+    for sample, episode in zip(samples, episodes, strict=True):
+        assert len(sample.turn_ends) == episode.turns == 1
+        assert sample.image_grid_thw is not None and sample.image_grid_thw.shape[0] == 1
+        assert sample.loss_mask.sum() > 0 and float(sample.rewards.sum()) == 1.0  # the outcome on the last turn
+    assert collate(samples, tokenizer.pad_token_id)["pixel_values"].shape[0] > 0
+
+
+def test_the_stores_page_lists_versions_with_counts_and_downloads(media, make_user):
+    from django.test import Client
+    from django.urls import reverse
+
+    _one((1280, 800), "click(start_box='(1,2)')")
+    _run()
+    version = DatasetVersion.objects.get()
+    client = Client()
+    client.force_login(make_user("data_lead"))
+    page = client.get(reverse("flywheel-stores")).content.decode()
+    assert "SFT" in page and "rollout: 1" in page and "chrome: 1" in page and "model: 1" in page
+    url = reverse("flywheel-dataset-file", args=[version.pk, "episodes-v0001.jsonl"])
+    assert url in page
+    body = b"".join(client.get(url).streaming_content)
+    assert hashlib.sha256(body).hexdigest() == version.manifest["files"][0]["sha256"]
