@@ -151,6 +151,21 @@ def cancel_iteration(iteration: Iteration) -> Iteration:
     return iteration
 
 
+def reopen_iteration(iteration: Iteration) -> Iteration:
+    """Make a failed or cancelled iteration runnable again (its stages done stay done): an operator's retry."""
+    with transaction.atomic():
+        iteration = Iteration.objects.select_for_update().get(pk=iteration.pk)
+        if iteration.status not in (Iteration.Status.FAILED, Iteration.Status.CANCELLED):
+            raise IterationError(
+                f"iteration {iteration.pk} is {iteration.status}; only failed or cancelled ones reopen"
+            )
+        iteration.status, iteration.error, iteration.cancel_requested = Iteration.Status.PENDING, "", False
+        iteration.finished_at = None
+        iteration.save(update_fields=["status", "error", "cancel_requested", "finished_at"])
+    push(iteration)
+    return iteration
+
+
 def state_of(iteration: Iteration) -> dict[str, Any]:
     """What the pages and the websocket show of an iteration."""
     return {

@@ -189,3 +189,23 @@ def test_the_stores_page_lists_versions_with_counts_and_downloads(media, make_us
     assert url in page
     body = b"".join(client.get(url).streaming_content)
     assert hashlib.sha256(body).hexdigest() == version.manifest["files"][0]["sha256"]
+
+
+def test_a_stage_that_fails_records_the_error_and_a_resume_finishes_it(media):
+    trajectory = _one((1280, 800), "click(start_box='(1,2)')")
+    step = trajectory.steps.get()
+    data = default_storage.open(step.screenshot.name).read()
+    default_storage.delete(step.screenshot.name)  # the row names a screenshot the storage lost
+    iteration = start_iteration(None, enqueue=False)
+    failed = run_iteration(iteration.pk)
+    assert failed.status == Iteration.Status.FAILED and "FileNotFoundError" in failed.error
+    assert failed.stages["validate"]["status"] == "done" and failed.stages["export"]["status"] == "failed"
+    assert not DatasetVersion.objects.exists()
+    default_storage.save(step.screenshot.name, __import__("io").BytesIO(data))
+    from django.core.management import call_command
+
+    call_command("flywheel", "resume", str(iteration.pk), stdout=__import__("io").StringIO())
+    done = Iteration.objects.get(pk=iteration.pk)
+    assert done.status == Iteration.Status.SUCCEEDED and done.error == ""
+    assert DatasetVersion.objects.get().added_count == 1
+    assert Validation.objects.filter(iteration=iteration).count() == 1

@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.dateparse import parse_datetime
 
-from flywheel.iterations import IterationError, run_iteration, start_iteration
+from flywheel.iterations import IterationError, reopen_iteration, run_iteration, start_iteration
 from flywheel.models import AVAILABLE_STAGES, Iteration, ModelVersion
 
 
@@ -31,12 +31,19 @@ class Command(BaseCommand):
         )
         run.add_argument("--config", default="{}", help='JSON: {"v": {...}, "export": {"coordinates": ...}}')
         run.add_argument("--queue", action="store_true", help="queue it for a Celery worker instead of running here")
-        resume = sub.add_parser("resume", help="run the remaining stages of an iteration here")
+        resume = sub.add_parser(
+            "resume", help="run the remaining stages of an iteration here (a failed or cancelled one is reopened)"
+        )
         resume.add_argument("iteration", type=int)
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["action"] == "resume":
-            self._report(run_iteration(options["iteration"]))
+            iteration = Iteration.objects.filter(pk=options["iteration"]).first()
+            if iteration is None:
+                raise CommandError(f"no iteration {options['iteration']}")
+            if iteration.status in (Iteration.Status.FAILED, Iteration.Status.CANCELLED):
+                reopen_iteration(iteration)
+            self._report(run_iteration(iteration.pk))
             return
         try:
             config = json.loads(options["config"])
