@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 BENCH_DB = "annotation_bench_insitu"
-BENCH_REDIS_DB = "10"  # bench/leases.py and bench/sessions.py use 11, the tests 13-15, the app 0-3
+BENCH_REDIS_DB = "10"  # see docs/operations.md for which Redis database each user of Redis takes
 BENCH_USER = "bench-insitu"
 GOAL_EVENTS_S = 200_000
 SCREEN = (1280, 800)
