@@ -41,6 +41,7 @@ from sandbox.coordinates import CoordinateMode, ScreenMapping, map_points
 from training.data import Episode
 from training.policy.prompts import COMPUTER_USE
 
+from .locks import advisory_lock
 from .models import DatasetVersion, Iteration, Route, Validation
 
 CHUNK = 200  # trajectories per round trip while exporting (their steps are fetched in one query)
@@ -197,7 +198,6 @@ def export_store(
 ) -> DatasetVersion | None:
     """Make the next version of the `kind` store with this iteration's new rows for it (None when it has none).
     Idempotent: the version this iteration made is returned as it is. Holds a lock per store while it writes."""
-    from .iterations import advisory_lock
 
     with advisory_lock(f"flywheel.store.{kind}") as mine:
         if not mine:

@@ -13,7 +13,6 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
@@ -27,6 +26,7 @@ from django.utils import timezone
 from annotation_app.consumers import notify_role
 from annotation_app.models import Review, Role, Step, Trajectory
 
+from .locks import advisory_lock
 from .models import AVAILABLE_STAGES, DatasetVersion, Iteration, ModelVersion, Route, Stage, Validation
 from .validation import Review as ReviewSignal
 from .validation import Signals, VConfig, Verdict, validate
@@ -191,21 +191,6 @@ def push(iteration: Iteration) -> None:
 # --- running ---------------------------------------------------------------------------------------------------------
 
 
-@contextmanager
-def advisory_lock(key: str) -> Iterator[bool]:
-    """A PostgreSQL session lock named `key`: yields False when another connection holds it. A killed worker's
-    connection closes and its lock goes with it, so a redelivered task can take over."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_lock(hashtext(%s))", [key])
-        got = bool(cursor.fetchone()[0])
-    try:
-        yield got
-    finally:
-        if got:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_unlock(hashtext(%s))", [key])
-
-
 def run_iteration(iteration_id: int, *, chunk: int = CHUNK) -> Iteration:
     """Run every selected stage not done yet, in order; the iteration ends succeeded, failed or cancelled. Safe to
     call again after a crash (a concurrent call for the same iteration returns at once)."""
@@ -307,9 +292,9 @@ def scope_queryset(iteration: Iteration) -> QuerySet[Trajectory]:
     """The trajectories an iteration validates: finished ones (not in progress) submitted (or, without a submission
     time, created) before it started, narrowed by mode, task domain and date; with scope "new", only those not yet in
     a store (held ones come back: they may have been repaired)."""
-    queryset = Trajectory.objects.exclude(status=Trajectory.Status.IN_PROGRESS).alias(
-        scope_time=Coalesce("submitted_at", "created_at")
-    )
+    queryset = Trajectory.objects.exclude(
+        status__in=[Trajectory.Status.IN_PROGRESS, Trajectory.Status.ABANDONED]
+    ).alias(scope_time=Coalesce("submitted_at", "created_at"))
     if iteration.scope_until:
         queryset = queryset.filter(scope_time__lte=iteration.scope_until)
     if iteration.modes:

@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("annotation_app",)
+PACKAGES = ("annotation_app", "flywheel")
 
 
 def _module_name(path: Path) -> str:

@@ -2,8 +2,8 @@
 
 One episode a line, in chat-message form: the SFT/CT trainers read it, and the rollouts (`training.rollout`, built-in
 and sandbox environments) and the `demos` stage write it. Images are file paths relative to the file; a rollout sends
-them to the policy server as OpenAI `image_url` data URLs. (The flywheel's exports of this format are planned, not
-written yet.)
+them to the policy server as OpenAI `image_url` data URLs. The flywheel's SFT and CT stores are written in this
+format by `flywheel/export.py`, so the trainer reads them as they are.
 
     {"id": "t-17", "source": "interactive", "instruction": "Open the settings", "reward": 1.0,
      "messages": [{"role": "system", "content": "..."},

@@ -69,7 +69,7 @@ def population(
         shot = default_storage.save("tests/flywheel/shot.png", io.BytesIO(screenshots))
     step_rows: list[Step] = []
     for t in trajectories:
-        if t.status != Trajectory.Status.IN_PROGRESS:
+        if t.status not in (Trajectory.Status.IN_PROGRESS, Trajectory.Status.ABANDONED):  # unfinished: out of scope
             pop.in_scope.add(t.pk)
         count = rng.randint(*steps)
         broken = rng.random() < 0.15

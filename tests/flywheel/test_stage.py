@@ -65,6 +65,7 @@ def test_queries_do_not_grow_with_the_number_of_steps():
     rng = random.Random(1)
     population(rng, 30, steps=(2, 2), domains=("few",))
     population(rng, 30, steps=(15, 15), domains=("many",))
+    Trajectory.objects.update(status=Trajectory.Status.SUBMITTED)  # the same number in scope, so the same chunks
     counts = []
     for domain in ("few", "many"):
         iteration = _iteration(domains=[domain], scope=Iteration.Scope.ALL)
@@ -207,3 +208,14 @@ def test_starting_refuses_what_it_cannot_do(kwargs, message):
     with pytest.raises(IterationError, match=message):
         start_iteration(None, enqueue=False, **kwargs)
     assert not Iteration.objects.exists()
+
+
+def test_abandoned_trajectories_are_never_in_scope():
+    rng = random.Random(9)
+    pop = population(rng, 20)
+    abandoned = list(Trajectory.objects.filter(pk__in=pop.in_scope).values_list("pk", flat=True)[:5])
+    Trajectory.objects.filter(pk__in=abandoned).update(status=Trajectory.Status.ABANDONED)
+    iteration = _iteration()
+    run_iteration(iteration.pk)
+    validated = set(Validation.objects.filter(iteration=iteration).values_list("trajectory_id", flat=True))
+    assert validated == set(pop.in_scope) - set(abandoned)
