@@ -37,6 +37,8 @@ pytestmark = [needs_desktop, pytest.mark.slow]
 PREFERENCE = {"click": 0, "left_double": 0, "right_single": 1, "drag": 1, "scroll": 1, "type": 2, "hotkey": 3}
 # A terminal over the whole screen that shows the input it gets: mouse reporting on (a click or a wheel notch prints
 # its escape sequence), signals off (a hotkey shows as ^C instead of ending it), so every accepted action is seen.
+# Full screen and without an inner border (over the panel too): any point the tiny model proposes is inside it.
+ECHO_TERMINAL = ["xterm", "-fullscreen", "-b", "0", "-e", "sh", "-c"]
 ECHO_INPUT = "printf '\\033[?1000h'; stty -isig; while :; do cat; done"
 REFUSE_DONE = """
 CREATE FUNCTION refuse_done() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -61,7 +63,7 @@ def proposals_ready(session: LiveSession, index: int) -> bool:
 def started(live_worker, embedded_model, make_user):
     """An annotator's live session on a desktop task, started by the worker, with its first proposals ready."""
     annotator = make_user(Role.ANNOTATOR)
-    setup = [{"type": "launch", "parameters": {"command": ["xterm", "-maximized", "-e", "sh", "-c", ECHO_INPUT]}}]
+    setup = [{"type": "launch", "parameters": {"command": [*ECHO_TERMINAL, ECHO_INPUT]}}]
     task = TaskFactory(instruction="Open a terminal and type hello.", setup_config=setup)
     next_task(annotator)
     session = live.open_live(annotator, task)
