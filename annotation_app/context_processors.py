@@ -10,6 +10,7 @@ NAV = [
     ("annotate", "My queue", Capability.ANNOTATE),
     ("insitu", "Think-aloud", Capability.ANNOTATE),
     ("lead", "Task pool", Capability.MANAGE_TASKS),
+    ("lead-trajectories", "Trajectories", Capability.VIEW_TRAJECTORIES),
     ("flywheel", "Flywheel", Capability.VIEW_FLYWHEEL),
 ]
 

@@ -127,6 +127,11 @@ def iteration_detail(request: HttpRequest, pk: int) -> HttpResponse:
     iteration = get_object_or_404(Iteration.objects.select_related("started_by", "base_model"), pk=pk)
     context = {"it": iteration, "can_run": can_run(request.user)}
     if request.htmx:
+        if iteration.finished and request.GET.get("seen") == "running":
+            # The page's other panels (routes, held back, store versions) were drawn before the end: load it anew.
+            response = HttpResponse(status=204)
+            response["HX-Refresh"] = "true"
+            return response
         return render(request, "flywheel/_iteration_status.html", context)
     context.update(
         summary=routing_summary(iteration),
