@@ -55,27 +55,24 @@ def edit_task(task: Task, fields: dict[str, Any]) -> Task:
     return task
 
 
-def archive_task(task: Task) -> Task:
-    """Take the task out of the pool: nobody is handed it again, and whoever holds it now no longer does."""
+def _move(task: Task, status: str, refusal: str) -> Task:
+    """Set the task's status, ending whoever holds it; refused (with `refusal`) when it has that status already."""
     with transaction.atomic():
         locked = Task.objects.select_for_update().get(pk=task.pk)
-        if locked.status == Task.Status.ARCHIVED:
-            raise TaskChangeRefused("The task is already archived.")
+        if locked.status == status:
+            raise TaskChangeRefused(refusal)
         _expire_active(locked)
-        locked.status = Task.Status.ARCHIVED
+        locked.status = status
         locked.save(update_fields=["status", "updated_at"])
         _changed(locked)
     return locked
+
+
+def archive_task(task: Task) -> Task:
+    """Take the task out of the pool: nobody is handed it again, and whoever holds it now no longer does."""
+    return _move(task, Task.Status.ARCHIVED, "The task is already archived.")
 
 
 def requeue_task(task: Task) -> Task:
     """Put the task back in the pool as pending (an archived or completed task, or one an annotator holds)."""
-    with transaction.atomic():
-        locked = Task.objects.select_for_update().get(pk=task.pk)
-        if locked.status == Task.Status.PENDING:
-            raise TaskChangeRefused("The task is already pending in the pool.")
-        _expire_active(locked)
-        locked.status = Task.Status.PENDING
-        locked.save(update_fields=["status", "updated_at"])
-        _changed(locked)
-    return locked
+    return _move(task, Task.Status.PENDING, "The task is already pending in the pool.")

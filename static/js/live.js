@@ -1,6 +1,7 @@
 // The live annotation page: the sandbox screen over noVNC, the model's proposals drawn on the screenshot it saw,
 // accept (click or keys 1-9) or override (validated by the server as you type), all without a page reload.
 import RFB from "../vendor/novnc/core/rfb.js";
+import { problem } from "./api_problem.js";
 
 const root = document.getElementById("live");
 const api = root.dataset.api; // /api/live/<id>/
@@ -12,18 +13,6 @@ let busy = false;
 const early = new Map(); // proposals that arrived before the step response that moved us to their index
 // Timings the benchmark reads: accept → new screenshot shown; proposals sent by the server → drawn.
 window.liveTimings = { steps: [], proposals: [] };
-
-// An API error as one sentence: its detail, then each field's problems ("thought: Ensure this field has …").
-function problem(reply, status) {
-  const errors = reply.errors;
-  let details = "";
-  if (Array.isArray(errors)) {
-    details = errors.map((e) => (typeof e === "string" ? e : e.message || JSON.stringify(e))).join("; ");
-  } else if (errors && typeof errors === "object") {
-    details = Object.entries(errors).map(([field, messages]) => `${field}: ${[].concat(messages).join(" ")}`).join("; ");
-  }
-  return (reply.detail || `HTTP ${status}`) + (details ? " " + details : "");
-}
 
 async function call(path, body) {
   const response = await fetch(api + path, {

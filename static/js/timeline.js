@@ -1,5 +1,6 @@
 // The think-aloud timeline: the words light up as the audio plays (and clicking a word seeks to it), the action of
 // each step is drawn on its screenshot, thoughts save as you type, and the capture is submitted from here.
+import { problem } from "./api_problem.js";
 const root = document.getElementById("timeline");
 const data = JSON.parse(document.getElementById("timeline-data").textContent);
 const audio = document.getElementById("capture-audio");
@@ -10,18 +11,6 @@ const words = [...root.querySelectorAll(".word")].map((el) => ({
   end: parseFloat(el.dataset.end),
   step: el.closest(".step"),
 }));
-
-// An API error as one sentence: its detail, then each field's problems ("thought: Ensure this field has …").
-function problem(reply, status) {
-  const errors = reply.errors;
-  let details = "";
-  if (Array.isArray(errors)) {
-    details = errors.map((e) => (typeof e === "string" ? e : e.message || JSON.stringify(e))).join("; ");
-  } else if (errors && typeof errors === "object") {
-    details = Object.entries(errors).map(([field, messages]) => `${field}: ${[].concat(messages).join(" ")}`).join("; ");
-  }
-  return (reply.detail || `HTTP ${status}`) + (details ? " " + details : "");
-}
 
 async function send(url, method, body) {
   const response = await fetch(url, {
