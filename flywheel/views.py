@@ -25,6 +25,7 @@ from .forms import UNAVAILABLE_STAGES, IterationForm
 from .iterations import IterationError, cancel_iteration, route_counts_by, routing_summary, start_iteration
 from .models import DatasetVersion, Iteration, ModelVersion, Route
 from .permissions import RUN, can_read, can_run
+from .serving import serving_problem
 
 
 def reads_stores(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
@@ -167,5 +168,12 @@ def dataset_file(request: HttpRequest, pk: int, path: str) -> FileResponse:
 @require_POST
 @requires(Capability.MANAGE_MODELS)
 def promote(request: HttpRequest, pk: int) -> HttpResponse:
-    get_object_or_404(ModelVersion, pk=pk).promote()
+    """Make the model the annotation model, once its endpoint answers; `force` promotes it anyway."""
+    model = get_object_or_404(ModelVersion, pk=pk)
+    problem = None if request.POST.get("force") else serving_problem(model)
+    if problem:
+        messages.error(request, f"{model.name} was not promoted: {problem}. Tick 'even if it cannot serve' to force.")
+    else:
+        model.promote()
+        messages.success(request, f"{model.name} is now the annotation model.")
     return redirect("flywheel")

@@ -163,8 +163,11 @@ def test_model_registry_promote(make_user):
         ]
         for n in ("v1", "v2")
     ]
+    refused = client.post(reverse("modelversion-promote", args=[ids[0]]), format="json")
+    assert refused.status_code == 409 and "has no endpoint URL" in refused.json()["detail"]  # it could not serve
     for model_id in ids:
-        assert client.post(reverse("modelversion-promote", args=[model_id])).json()["is_active"] is True
+        forced = client.post(reverse("modelversion-promote", args=[model_id]), {"force": True}, format="json")
+        assert forced.json()["is_active"] is True
     active = [m["name"] for m in client.get(reverse("modelversion-list")).json()["results"] if m["is_active"]]
     assert active == ["v2"]
     assert (

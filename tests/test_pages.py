@@ -74,7 +74,11 @@ def test_review_from_the_trajectory_page(client, demo):
 def test_engineer_promotes_a_model(client, demo):
     new = ModelVersion.objects.create(name="ui-tars-flywheel-1", checkpoint_uri="/ckpt/1")
     _login(client, "engineer")
-    assert client.post(reverse("flywheel-promote", args=[new.pk])).status_code == 302
+    before = ModelVersion.objects.get(is_active=True)
+    response = client.post(reverse("flywheel-promote", args=[new.pk]), follow=True)
+    assert "was not promoted: it has no endpoint URL" in response.content.decode()  # it could not serve
+    assert ModelVersion.objects.get(is_active=True) == before
+    assert client.post(reverse("flywheel-promote", args=[new.pk]), {"force": "1"}).status_code == 302
     assert ModelVersion.objects.get(is_active=True) == new
 
 

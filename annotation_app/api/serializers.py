@@ -310,6 +310,12 @@ class LiveValidateSerializer(StrictSerializerMixin, serializers.Serializer):
     action_text = serializers.CharField(allow_blank=True, max_length=5000, trim_whitespace=False)
 
 
+class PromoteSerializer(StrictSerializerMixin, serializers.Serializer):
+    force = serializers.BooleanField(
+        required=False, default=False, help_text="Promote even if the model's endpoint does not answer now."
+    )
+
+
 class LiveRetrySerializer(StrictSerializerMixin, serializers.Serializer):
     switch_to_active = serializers.BooleanField(
         required=False, default=False, help_text="Make the active model this trajectory's proposer first."

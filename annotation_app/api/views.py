@@ -14,6 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from flywheel.models import ModelVersion
+from flywheel.serving import serving_problem
 
 from .. import trajectories
 from ..live import sessions as live
@@ -188,10 +189,17 @@ class ModelVersionViewSet(
     def perform_create(self, serializer: s.ModelVersionSerializer) -> None:
         serializer.save(created_by=self.request.user)
 
-    @extend_schema(request=None, responses={200: s.ModelVersionSerializer})
+    @extend_schema(request=s.PromoteSerializer, responses={200: s.ModelVersionSerializer})
     @action(detail=True, methods=["post"])
     def promote(self, request: Request, pk: str | None = None) -> Response:
+        """Make this the annotation model once its endpoint answers (409 with the reason otherwise); `force` skips
+        the check."""
         model = self.get_object()
+        form = s.PromoteSerializer(data=request.data or {})
+        form.is_valid(raise_exception=True)
+        if not form.validated_data["force"] and (problem := serving_problem(model)):
+            why = f"{model.name} was not promoted: {problem}. Send force=true to promote it anyway."
+            raise trajectories.Conflict(why)
         model.promote()
         return Response(s.ModelVersionSerializer(model).data)
 
