@@ -19,6 +19,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections import Counter
@@ -370,6 +371,23 @@ def bench_user() -> tuple[Any, str]:
     clean_user(user)
     token, _ = Token.objects.get_or_create(user=user)
     return user, token.key
+
+
+@contextmanager
+def bench_database() -> Iterator[tuple[Path, Path, dict[str, str], Any, str]]:
+    """The bench's own database, migrated, with Django set up on it and a temporary folder whose media/ is
+    MEDIA_ROOT; yields (folder, media, environment, bench user, the user's API token) and removes the user's rows."""
+    with tempfile.TemporaryDirectory(prefix="bench-insitu-") as tmp:
+        media = Path(tmp) / "media"
+        media.mkdir()
+        env = project_env(media)
+        prepare_database(env)
+        setup_django(env)
+        user, token = bench_user()
+        try:
+            yield Path(tmp), media, env, user, token
+        finally:
+            clean_user(user)
 
 
 def clean_user(user: Any) -> None:

@@ -35,15 +35,11 @@ from insitu_common import (
     WORDS,
     BenchError,
     SyntheticSession,
-    bench_user,
-    clean_user,
+    bench_database,
     log,
     machine_line,
     patched,
-    prepare_database,
-    project_env,
     run,
-    setup_django,
     upload_in_process,
     warn,
 )
@@ -236,31 +232,22 @@ def main() -> int:
     args = parser.parse_args()
     print(machine_line(args.seed))
     failed = False
-    with tempfile.TemporaryDirectory(prefix="bench-insitu-") as tmp:
-        media = Path(tmp) / "media"
-        media.mkdir()
-        env = project_env(media)
-        prepare_database(env)
-        setup_django(env)
-        user, _token = bench_user()
-        try:
-            table, info = table_pipeline(args, user, media)
-            print(f"### A {args.minutes:g}-minute session end to end (`pipeline.process`, "
-                  f"{info['backend']} {info['model']})\n")  # fmt: skip
-            print(f"Capture: {info['archive_mb']:.1f} MB tar, {info['events']:,} events, {info['frames']} "
-                  f"JPEG frames {SCREEN[0]}x{SCREEN[1]}, {info['sentences']} spoken sentences in "
-                  f"{args.minutes * 60:.0f} s of {args.audio_rate} Hz WAV; stored in-process in "
-                  f"{info['upload_s']:.2f} s before processing.\n")  # fmt: skip
-            print(table + "\n")
-            print(f"Result: {info['steps']} steps ({info['actions_expected']} actions generated + finished), "
-                  f"{info['with_screenshot']} with a screenshot, {info['with_thought']} with a thought; "
-                  f"{info['words']} words recognised, WER {info['wer']:.1%} against the script; "
-                  f"warnings {info['warnings']}, flags {info['flags']}.\n")  # fmt: skip
-            if info["steps"] != info["actions_expected"] + 1:
-                warn("the trajectory's step count differs from the generated actions + 1")
-                failed = True
-        finally:
-            clean_user(user)
+    with bench_database() as (_tmp, media, _env, user, _token):
+        table, info = table_pipeline(args, user, media)
+        print(f"### A {args.minutes:g}-minute session end to end (`pipeline.process`, "
+              f"{info['backend']} {info['model']})\n")  # fmt: skip
+        print(f"Capture: {info['archive_mb']:.1f} MB tar, {info['events']:,} events, {info['frames']} "
+              f"JPEG frames {SCREEN[0]}x{SCREEN[1]}, {info['sentences']} spoken sentences in "
+              f"{args.minutes * 60:.0f} s of {args.audio_rate} Hz WAV; stored in-process in "
+              f"{info['upload_s']:.2f} s before processing.\n")  # fmt: skip
+        print(table + "\n")
+        print(f"Result: {info['steps']} steps ({info['actions_expected']} actions generated + finished), "
+              f"{info['with_screenshot']} with a screenshot, {info['with_thought']} with a thought; "
+              f"{info['words']} words recognised, WER {info['wer']:.1%} against the script; "
+              f"warnings {info['warnings']}, flags {info['flags']}.\n")  # fmt: skip
+        if info["steps"] != info["actions_expected"] + 1:
+            warn("the trajectory's step count differs from the generated actions + 1")
+            failed = True
     return 1 if failed else 0
 
 

@@ -29,7 +29,6 @@ import select
 import shutil
 import socket
 import statistics
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -44,17 +43,13 @@ from insitu_common import (
     ROOT,
     BenchError,
     SyntheticSession,
-    bench_user,
-    clean_user,
+    bench_database,
     gunicorn,
     jsonl,
     log,
     machine_line,
-    prepare_database,
-    project_env,
     remove_queued,
     run,
-    setup_django,
     upload_in_process,
 )
 
@@ -313,18 +308,11 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     print(machine_line(args.seed))
-    with tempfile.TemporaryDirectory(prefix="bench-insitu-") as tmp:
-        media = Path(tmp) / "media"
-        media.mkdir()
-        env = project_env(media)
-        prepare_database(env)
-        setup_django(env)
-        user, token = bench_user()
+    with bench_database() as (tmp, media, env, user, token):
         try:
-            table, info = table_uploads(args, env, user, token, media, Path(tmp))
+            table, info = table_uploads(args, env, user, token, media, tmp)
         finally:
-            clean_user(user)
-            shutil.rmtree(Path(tmp) / "frames", ignore_errors=True)
+            shutil.rmtree(tmp / "frames", ignore_errors=True)
     r = info["cut_run"]
     print(f"### Upload throughput and resume ({info['size'] / MB:.1f} MB capture, {info['chunk'] >> 20} MiB chunks, "
           f"recorder.upload.Uploader, gunicorn gthread 2x2 on loopback)\n")  # fmt: skip
