@@ -7,7 +7,6 @@ import json
 from datetime import datetime
 
 from django.core.paginator import Paginator
-from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
@@ -19,16 +18,11 @@ from .permissions import Capability, requires, trajectories_visible_to
 TRAJECTORY_FILTERS = ("status", "mode", "annotator", "task", "q", "since", "until")
 
 
-def status_counts() -> list[tuple[str, int]]:
-    counts = dict(Task.objects.values_list("status").annotate(n=Count("id")).order_by())
-    return [(label, counts.get(value, 0)) for value, label in Task.Status.choices]
-
-
 @require_GET
 @requires(Capability.MANAGE_TASKS)
 def lead_stats(request: HttpRequest) -> HttpResponse:
     """htmx: the pool's count boxes, refreshed by the page every few seconds and on every pool change."""
-    return render(request, "annotation_app/_pool_stats.html", {"stats": status_counts()})
+    return render(request, "annotation_app/_pool_stats.html", {"stats": task_pool.status_counts()})
 
 
 def _date(value: str) -> datetime | None:

@@ -1,16 +1,24 @@
-"""A data lead's changes to tasks in the pool: edit, archive, requeue. Each is one function that writes and notifies."""
+"""The data lead's task pool: its counts by status, and the changes to its tasks (edit, archive, requeue), each one
+function that writes and notifies."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Count
 from django.utils import timezone
 
 from .consumers import notify_role
 from .models import Assignment, Role, Task
 
 EDITABLE = ("instruction", "domain", "difficulty", "importance")
+
+
+def status_counts() -> list[tuple[str, int]]:
+    """(status label, number of tasks) for every status, in the statuses' order: the pool page's count boxes."""
+    counts = dict(Task.objects.values_list("status").annotate(n=Count("id")).order_by())
+    return [(label, counts.get(value, 0)) for value, label in Task.Status.choices]
 
 
 class TaskChangeRefused(ValueError):

@@ -9,12 +9,12 @@ from django.conf import settings
 from django.contrib.auth import views as auth_views
 from django.core.paginator import Paginator
 from django.db import connection
-from django.db.models import Count, Prefetch, Q
+from django.db.models import Prefetch, Q
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
-from . import task_queue, trajectories
+from . import task_pool, task_queue, trajectories
 from .live import sessions as live
 from .models import Review, Role, Task, Trajectory
 from .permissions import Capability, can, requires, trajectories_visible_to
@@ -136,18 +136,13 @@ def lead(request: HttpRequest) -> HttpResponse:
         "page": page,
         "filters": {"status": status, "domain": domain, "q": query},
         "statuses": Task.Status.choices,
-        "stats": _status_counts(),
+        "stats": task_pool.status_counts(),
         "to_review": Trajectory.objects.filter(status=Trajectory.Status.SUBMITTED)
         .select_related("task", "annotator")
         .order_by("submitted_at")[:20],
     }
     template = "annotation_app/_task_table.html" if request.htmx else "annotation_app/lead.html"
     return render(request, template, context)
-
-
-def _status_counts() -> list[tuple[str, int]]:
-    counts = dict(Task.objects.values_list("status").annotate(n=Count("id")).order_by())
-    return [(label, counts.get(value, 0)) for value, label in Task.Status.choices]
 
 
 @require_POST
