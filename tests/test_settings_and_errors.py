@@ -38,7 +38,7 @@ def test_unexpected_errors_get_a_plain_500_page(client, lead, monkeypatch):
     def boom(*args, **kwargs):
         raise RuntimeError("secret internals")
 
-    monkeypatch.setattr("annotation_app.views._status_counts", boom)
+    monkeypatch.setattr("annotation_app.task_pool.status_counts", boom)
     client.raise_request_exception = False
     client.force_login(lead)
     response = client.get(reverse("lead"))
