@@ -1,7 +1,13 @@
-"""The model registry: every policy checkpoint the flywheel trains, and which one proposes actions to annotators."""
+"""The model registry: every policy checkpoint the flywheel trains (with its lineage: iteration, stage, data versions,
+parent, evaluation, promotion history), which one proposes actions to annotators, and the flywheel's iterations,
+validations and store versions."""
+
+from __future__ import annotations
+
+from typing import Any
 
 from django.conf import settings
-from django.db import models, transaction
+from django.db import connection, models, transaction
 from django.db.models import Q
 
 
@@ -20,11 +26,29 @@ class ModelVersion(models.Model):
     notes = models.TextField(blank=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Lineage: what trained it (empty for a model registered by hand).
+    iteration = models.ForeignKey(
+        "Iteration", null=True, blank=True, on_delete=models.SET_NULL, related_name="trained_models"
+    )
+    stage = models.CharField(max_length=10, blank=True, help_text="The iteration's stage that trained it (sft, ppo…).")
+    dataset_versions = models.ManyToManyField(
+        "DatasetVersion", blank=True, related_name="trained_models", help_text="The store versions it was trained on."
+    )
+    evaluation = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='{"new": {success_rate, ci_low, ci_high, successes, episodes, by_task…}, "parent": {…} | null, '
+        '"parent_id", "iteration", "recorded_at", "promotion": {promoted, reason}}',
+    )
+    serve_command = models.TextField(blank=True, help_text="The `vllm serve` command that serves it on a GPU host.")
 
     class Meta:
         ordering = ["-created_at", "-id"]
         constraints = [
             models.UniqueConstraint(fields=["is_active"], condition=Q(is_active=True), name="one_active_model"),
+            models.UniqueConstraint(
+                fields=["iteration", "stage"], condition=Q(iteration__isnull=False), name="one_model_per_stage"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -35,19 +59,67 @@ class ModelVersion(models.Model):
         return self.served_name or self.name
 
     @transaction.atomic
-    def promote(self) -> None:
-        """Make this the annotation model; the previously active one steps down in the same transaction."""
-        ModelVersion.objects.select_for_update().filter(is_active=True).exclude(pk=self.pk).update(is_active=False)
+    def promote(
+        self, *, by: Any = None, action: str = "promote", forced: bool = False, reason: str = ""
+    ) -> ModelPromotion:
+        """Make this the annotation model; the previously active one steps down in the same transaction, and the
+        change is recorded as a ModelPromotion (flywheel.registry checks serving first; this does not)."""
+        _lock_registry()
+        previous = ModelVersion.objects.filter(is_active=True).exclude(pk=self.pk).first()
+        ModelVersion.objects.filter(is_active=True).exclude(pk=self.pk).update(is_active=False)
         ModelVersion.objects.filter(pk=self.pk).update(is_active=True)
         self.is_active = True
+        return ModelPromotion.objects.create(
+            action=action,
+            from_model=previous,
+            to_model=self,
+            by=by if getattr(by, "pk", None) else None,
+            forced=forced,
+            reason=reason,
+        )
+
+
+def _lock_registry() -> None:
+    """Serialise changes of the active model (a transaction-scoped advisory lock): two promotions at once would
+    otherwise both see no active model and one would fail on the one-active constraint."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtext('flywheel.registry.active'))")
+
+
+class ModelPromotion(models.Model):
+    """One change of the annotation model: who, when, from which model to which, forced or not, and why."""
+
+    class Action(models.TextChoices):
+        PROMOTE = "promote", "Promoted"
+        AUTO = "auto", "Promoted automatically"
+        ROLLBACK = "rollback", "Rolled back"
+        DEMOTE = "demote", "Demoted (no active model)"
+
+    action = models.CharField(max_length=10, choices=Action.choices)
+    from_model = models.ForeignKey(
+        ModelVersion, null=True, blank=True, on_delete=models.SET_NULL, related_name="promotions_from"
+    )
+    to_model = models.ForeignKey(
+        ModelVersion, null=True, blank=True, on_delete=models.SET_NULL, related_name="promotions_to"
+    )
+    by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    forced = models.BooleanField(default=False, help_text="Promoted although its endpoint did not answer.")
+    reason = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.get_action_display()}: {self.from_model or '—'} → {self.to_model or '—'}"
 
 
 class Stage(models.TextChoices):
     """The stages of an iteration, in the order they run (UI-TARS-2 §2.3-2.6)."""
 
+    RFT = "rft", "Rejection sampling (RFT)"
     VALIDATE = "validate", "Validation and routing"
     EXPORT = "export", "Export to the SFT/CT stores"
-    RFT = "rft", "Rejection sampling (RFT)"
     CT = "ct", "Continual pre-training"
     SFT = "sft", "Supervised fine-tuning"
     VALUE = "value", "Value pretraining"
