@@ -64,7 +64,7 @@ class ModelVersion(models.Model):
     ) -> ModelPromotion:
         """Make this the annotation model; the previously active one steps down in the same transaction, and the
         change is recorded as a ModelPromotion (flywheel.registry checks serving first; this does not)."""
-        _lock_registry()
+        lock_registry()
         previous = ModelVersion.objects.filter(is_active=True).exclude(pk=self.pk).first()
         ModelVersion.objects.filter(is_active=True).exclude(pk=self.pk).update(is_active=False)
         ModelVersion.objects.filter(pk=self.pk).update(is_active=True)
@@ -79,7 +79,7 @@ class ModelVersion(models.Model):
         )
 
 
-def _lock_registry() -> None:
+def lock_registry() -> None:
     """Serialise changes of the active model (a transaction-scoped advisory lock): two promotions at once would
     otherwise both see no active model and one would fail on the one-active constraint."""
     with connection.cursor() as cursor:
