@@ -7,13 +7,19 @@ knowing which: images as data URLs, `n` candidates, `temperature`, `top_p`, `max
 (the model's raw per-token log-probs, vLLM's default), vLLM's `return_token_ids` and `return_tokens_as_token_ids`, and
 a 404 for a model it does not serve. With no checkpoint it builds the tiny random one (training.policy.tiny).
 
-    python -m training.policy.server --checkpoint var/models/tiny-uitars --port 8020
+It serves several models: `POST /v1/models/load` {"model": name, "checkpoint": dir} loads another checkpoint (only
+from under a `--models-root`), `DELETE /v1/models/<name>` drops it, `GET /v1/models` lists them all and chat
+completions route by `model` (no name: the startup model). With `--api-key` (or POLICY_API_KEY) every /v1 route
+wants `Authorization: Bearer <key>`, as vLLM's `--api-key`.
+
+    python -m training.policy.server --checkpoint var/models/tiny-uitars --port 8020 --models-root var/flywheel-runs
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import hmac
 import io
 import json
 import os
@@ -26,9 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
+
+from .served import LoadError, ServedModels
 
 DEFAULT_CHECKPOINT = Path("var/models/tiny-uitars")
 DEFAULT_MAX_TOKENS = 256
@@ -46,6 +54,10 @@ class BadRequest(ValueError):
 
 class UnknownModel(LookupError):
     """The request names a model this server does not serve (HTTP 404, as vLLM answers)."""
+
+
+class Unauthorized(Exception):
+    """The server has an API key and the request does not carry it (HTTP 401, as vLLM's --api-key answers)."""
 
 
 def error_body(message: str, kind: str, status: int, param: str | None = None) -> dict[str, Any]:
@@ -151,9 +163,22 @@ class _Cancelled:
 class PolicyEngine:
     """One checkpoint in memory; generation runs one request at a time (it seeds the global RNG)."""
 
-    def __init__(self, checkpoint: Path, *, name: str | None = None, threads: int | None = None) -> None:
+    def __init__(
+        self,
+        checkpoint: Path,
+        *,
+        name: str | None = None,
+        threads: int | None = None,
+        lock: threading.Lock | None = None,
+    ) -> None:
         import torch
-        from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer
+        from transformers import (
+            AutoConfig,
+            AutoImageProcessor,
+            AutoModelForCausalLM,
+            AutoModelForImageTextToText,
+            AutoTokenizer,
+        )
 
         from .constrained import token_strings
 
@@ -164,25 +189,32 @@ class PolicyEngine:
         self.name = name or self.checkpoint.name
         self.created = int(time.time())
         self.tokenizer = AutoTokenizer.from_pretrained(checkpoint)
-        self.image_processor = AutoImageProcessor.from_pretrained(checkpoint)
-        self.model = AutoModelForImageTextToText.from_pretrained(checkpoint, dtype=torch.float32).eval()
+        # A vision-language checkpoint (UI-TARS, the tiny one) or a text-only causal LM (the trainer's text tasks).
+        vision = hasattr(AutoConfig.from_pretrained(checkpoint), "vision_config")
+        self.image_processor = AutoImageProcessor.from_pretrained(checkpoint) if vision else None
+        loader = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+        self.model = loader.from_pretrained(checkpoint, dtype=torch.float32).eval()
         self.image_token = "<|image_pad|>"
         self.merge = getattr(self.image_processor, "merge_size", 2)
         vocab = self.model.get_output_embeddings().weight.shape[0]
         self.token_strings = token_strings(self.tokenizer, vocab)
         self.eos = self.model.generation_config.eos_token_id
         self.eos = self.eos[0] if isinstance(self.eos, list) else self.eos
-        self.lock = threading.Lock()
+        self.lock = lock or threading.Lock()  # shared by every engine of a server: generation seeds the global RNG
         self._token_text: dict[int, str] = {}
 
     def serves(self, model: str | None) -> bool:
         """Whether a request naming `model` is ours; no name means the served model, as in vLLM."""
         return not model or model == self.name
 
+    def card(self) -> dict[str, Any]:
+        """This model's `/v1/models` entry (vLLM's fields: id, created, owned_by, root, parent)."""
+        return {"id": self.name, "object": "model", "created": self.created, "owned_by": "local",
+                "root": str(self.checkpoint), "parent": None}  # fmt: skip
+
     def models(self) -> list[dict[str, Any]]:
-        """The `/v1/models` entries (vLLM's fields: id, created, owned_by, root, parent)."""
-        return [{"id": self.name, "object": "model", "created": self.created, "owned_by": "local",
-                 "root": str(self.checkpoint), "parent": None}]  # fmt: skip
+        """The `/v1/models` entries of this engine alone."""
+        return [self.card()]
 
     def _render(self, messages: list[ChatMessage]) -> tuple[str, list[Any]]:
         from PIL import Image, UnidentifiedImageError
@@ -197,6 +229,8 @@ class PolicyEngine:
                 if part.get("type") == "text":
                     parts.append({"type": "text", "text": str(part.get("text", ""))})
                 elif part.get("type") == "image_url":
+                    if self.image_processor is None:
+                        raise BadRequest(f"the model `{self.name}` is text-only: it takes no images")
                     url = str((part.get("image_url") or {}).get("url", ""))
                     if not url.startswith("data:image/") or ";base64," not in url:
                         raise BadRequest("images must be data URLs (data:image/...;base64,...): no network here")
@@ -224,7 +258,7 @@ class PolicyEngine:
         request.check()
         prompt, images = self._render(request.messages)
         vision: dict[str, Any] = {}
-        if images:
+        if images and self.image_processor is not None:
             processed = self.image_processor(images=images, return_tensors="pt")
             vision = {"pixel_values": processed["pixel_values"], "image_grid_thw": processed["image_grid_thw"]}
             pieces = prompt.split(self.image_token)
@@ -433,8 +467,36 @@ def _sse(data: dict[str, Any]) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-def create_app(engine: PolicyEngine) -> FastAPI:
+def create_app(
+    engine: PolicyEngine,
+    *,
+    roots: list[Path] | None = None,
+    api_key: str = "",
+    max_models: int = 8,
+    threads: int | None = None,
+) -> FastAPI:
+    """The HTTP app serving `engine` (the default model) and any checkpoint loaded later from under `roots`."""
+    served = ServedModels(roots or [], max_models=max_models)
+    served.add(engine)
     app = FastAPI(title="Embedded policy server", description=__doc__)
+
+    def authorized(request: Request) -> None:
+        if not api_key:
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+            raise Unauthorized("this server wants its API key: send `Authorization: Bearer <key>`")
+
+    v1 = [Depends(authorized)]
+
+    def engine_for(model: str | None) -> PolicyEngine:
+        found = served.get(model)
+        if found is None:
+            raise UnknownModel(f"The model `{model}` does not exist.")
+        return found  # type: ignore[return-value]
+
+    def build(path: Path, name: str) -> PolicyEngine:
+        return PolicyEngine(path, name=name, threads=threads, lock=engine.lock)
 
     @app.exception_handler(BadRequest)
     async def bad_request(request: Any, exc: BadRequest) -> JSONResponse:
@@ -444,21 +506,47 @@ def create_app(engine: PolicyEngine) -> FastAPI:
     async def unknown_model(request: Any, exc: UnknownModel) -> JSONResponse:
         return JSONResponse(error_body(str(exc.args[0]), "NotFoundError", 404, "model"), status_code=404)
 
+    @app.exception_handler(Unauthorized)
+    async def unauthorized(request: Any, exc: Unauthorized) -> JSONResponse:
+        return JSONResponse(error_body(str(exc), "AuthenticationError", 401), status_code=401)
+
+    @app.exception_handler(LoadError)
+    async def load_error(request: Any, exc: LoadError) -> JSONResponse:
+        kinds = {400: "BadRequestError", 403: "PermissionDeniedError", 404: "NotFoundError", 409: "ConflictError"}
+        body = error_body(str(exc), kinds.get(exc.status, "BadRequestError"), exc.status, exc.param)
+        return JSONResponse(body, status_code=exc.status)
+
     @app.get("/health")
     def health() -> dict[str, str]:
-        return {"status": "ok", "model": engine.name}
+        return {"status": "ok", "model": served.default}
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", dependencies=v1)
     def models() -> dict[str, Any]:
-        return {"object": "list", "data": engine.models()}
+        return {"object": "list", "data": served.cards()}
 
-    @app.post("/v1/chat/completions", response_model=None)
+    @app.post("/v1/models/load", dependencies=v1)
+    def load(body: LoadRequest) -> JSONResponse:
+        card, new = served.load(body.model, body.checkpoint, build)
+        return JSONResponse(card, status_code=201 if new else 200)
+
+    @app.delete("/v1/models/{name:path}", dependencies=v1)
+    def unload(name: str) -> dict[str, Any]:
+        served.unload(name)
+        return {"id": name, "object": "model", "deleted": True}
+
+    @app.post("/v1/chat/completions", response_model=None, dependencies=v1)
     def chat_completions(request: ChatRequest) -> dict[str, Any] | StreamingResponse:
+        chosen = engine_for(request.model)
         if request.stream:
-            return StreamingResponse(engine.stream(request), media_type="text/event-stream")
-        return engine.complete(request)
+            return StreamingResponse(chosen.stream(request), media_type="text/event-stream")
+        return chosen.complete(request)
 
     return app
+
+
+class LoadRequest(BaseModel):
+    model: str = Field(min_length=1, max_length=200, description="the name to serve it under")
+    checkpoint: str = Field(min_length=1, max_length=4096, description="a checkpoint directory under a models root")
 
 
 def main() -> None:
@@ -473,12 +561,18 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=int(os.environ.get("POLICY_PORT", "8020")))
     parser.add_argument("--threads", type=int, default=int(os.environ.get("POLICY_THREADS", "2")))
+    parser.add_argument("--models-root", type=Path, action="append", default=[], dest="roots",
+                        help="a directory POST /v1/models/load may load checkpoints from (repeatable)")  # fmt: skip
+    parser.add_argument("--max-models", type=int, default=8, help="models held at once, the startup one included")
+    key_help = "bearer key every /v1 request must carry (default $POLICY_API_KEY; empty: none)"
+    parser.add_argument("--api-key", default=os.environ.get("POLICY_API_KEY", ""), help=key_help)
     args = parser.parse_args()
     if not (args.checkpoint / "config.json").is_file():
         print(f"no checkpoint at {args.checkpoint}: building the tiny random one there")
         build_tiny_checkpoint(args.checkpoint)
     engine = PolicyEngine(args.checkpoint, name=args.name, threads=args.threads)
-    uvicorn.run(create_app(engine), host=args.host, port=args.port, log_level="warning")
+    app = create_app(engine, roots=args.roots, api_key=args.api_key, max_models=args.max_models, threads=args.threads)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":
