@@ -194,6 +194,12 @@ INSITU_REFINE = env_bool("INSITU_REFINE", False)  # rewrite transcript fragments
 # How long an annotator may hold a task before the beat job hands it back to the pool.
 ASSIGNMENT_TTL_HOURS = float(env("ASSIGNMENT_TTL_HOURS", "24"))
 
+# The flywheel's training runs (checkpoints, logs, metrics): one folder per iteration and stage. The embedded policy
+# server loads checkpoints from here and var/models only. A running stage that has not beaten for FLYWHEEL_STALL_S
+# (its worker was killed) is queued again by the beat job.
+FLYWHEEL_RUNS_ROOT = Path(env("FLYWHEEL_RUNS_ROOT", str(BASE_DIR / "var" / "flywheel-runs")))
+FLYWHEEL_STALL_S = float(env("FLYWHEEL_STALL_S", "120"))
+
 REDIS_URL = env("REDIS_URL", "redis://127.0.0.1:63790")
 REDIS_DB_CELERY = int(env("REDIS_DB_CELERY", "0"))
 REDIS_DB_CHANNELS = int(env("REDIS_DB_CHANNELS", "1"))
@@ -255,6 +261,7 @@ CELERY_BEAT_SCHEDULE = {
         "task": "annotation_app.tasks.release_stale_assignments",
         "schedule": 300.0,
     },
+    "flywheel-requeue-stalled": {"task": "flywheel.requeue_stalled", "schedule": max(5.0, FLYWHEEL_STALL_S / 2)},
 }
 
 # Live interactive annotation: the sandbox service that leases desktops, the websockify bridge pages connect to, and

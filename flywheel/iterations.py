@@ -1,9 +1,16 @@
 """Flywheel iterations: start, cancel and run them stage by stage, and the validation+routing stage itself.
 
 Every state change is a function here that writes the row and pushes the event (`flywheel_iteration` to the ML
-engineers' and data leads' pages); views, the API, the command and the Celery task only parse and call. Stages are
+engineers' and data leads' pages); views, the API, the command and the Celery tasks only parse and call. Stages are
 idempotent: a stage recorded as done is skipped, validation resumes after the last trajectory it validated (the
 (iteration, trajectory) pair is unique, and inserts ignore conflicts), and export skips a store version it made.
+
+Where stages run: VALIDATE and EXPORT in `run_iteration` itself (the `flywheel` queue). RFT (the `sandbox` queue) and
+CT, SFT, VALUE, PPO, EVALUATE (the `train` queue) are "remote": `run_iteration` marks the next one `queued`, sends its
+stage task and returns, so no worker waits on another queue; the stage task (`run_remote_stage`) runs it under a
+per-(iteration, stage) advisory lock, skips it when done, and sends `flywheel.run_iteration` again, which goes on with
+the next stage. A runner that died (kill -9) is noticed by `requeue_stalled` (a beat task): the running stage's
+heartbeat is older than FLYWHEEL_STALL_S and nobody holds its lock, so the iteration is queued again.
 """
 
 from __future__ import annotations
@@ -37,6 +44,20 @@ CHUNK = 2000  # trajectories per round trip: a constant number of queries per ch
 EVENT = "flywheel_iteration"
 RUN_TASK = "flywheel.run_iteration"  # flywheel.tasks.run_iteration_task, on the `flywheel` queue
 COORDINATES = ("absolute", "relative1000")
+# Stages that run on a queue of their own (CELERY_TASK_ROUTES routes by the task name's prefix); the rest run in
+# run_iteration on the `flywheel` queue.
+QUEUES = {
+    Stage.RFT: "sandbox",
+    Stage.CT: "train",
+    Stage.SFT: "train",
+    Stage.VALUE: "train",
+    Stage.PPO: "train",
+    Stage.EVALUATE: "train",
+}
+STAGE_TASKS = {"sandbox": "sandbox.flywheel_stage", "train": "training.flywheel_stage"}  # flywheel/tasks.py
+TRAINING_STAGES = (Stage.CT, Stage.SFT, Stage.VALUE, Stage.PPO)
+PROMOTE = ("manual", "auto")
+SECTIONS = ("v", "export", "rft", "orm", "train", "evaluate", "promote")
 
 
 class Cancelled(Exception):
@@ -51,12 +72,60 @@ class IterationError(ValueError):
 
 
 def check_config(config: dict[str, Any] | None) -> dict[str, Any]:
-    """The iteration config with defaults filled in: {"v": VConfig, "export": {"coordinates"}}; IterationError names
-    what is wrong."""
+    """The iteration config with defaults filled in: {"v": VConfig, "export": {"coordinates"}, "train": trainer
+    preset and options, "evaluate": episodes…, "promote": "manual"|"auto", "rft" and "orm" when their modules are
+    installed}; IterationError names what is wrong. One checker per section, so a new section is one more line."""
     config = dict(config or {})
-    unknown = sorted(set(config) - {"v", "export"})
+    unknown = sorted(set(config) - set(SECTIONS))
     if unknown:
-        raise IterationError(f"unknown config section(s): {', '.join(unknown)} (known: export, v)")
+        raise IterationError(f"unknown config section(s): {', '.join(unknown)} (known: {', '.join(sorted(SECTIONS))})")
+    checked = _check_core(config)
+    from .training_stages import check_evaluate_config, check_train_config
+
+    checked["train"] = _section("train", check_train_config, config.get("train"))
+    checked["evaluate"] = _section(
+        "evaluate", lambda raw: check_evaluate_config(raw, checked["train"]["preset"]), config.get("evaluate")
+    )
+    promote = config.get("promote", "manual")
+    if promote not in PROMOTE:
+        raise IterationError("config.promote must be 'manual' or 'auto' (promote when the evaluation beats the active)")
+    checked["promote"] = promote
+    optional = (("rft", "flywheel.rft", "check_rft_config"), ("orm", "flywheel.orm", "check_orm_config"))
+    for name, module, function in optional:
+        checker = _optional(module, function)
+        if checker is not None:
+            checked[name] = _section(name, checker, config.get(name))
+        elif name in config:
+            if not isinstance(config[name], dict):
+                raise IterationError(f"config.{name} must be an object")
+            checked[name] = config[name]
+    return checked
+
+
+def _section(name: str, checker: Callable[[Any], dict[str, Any]], raw: Any) -> dict[str, Any]:
+    """A section through its checker; its ValueError or TypeError becomes IterationError("config.<name>: …")."""
+    if raw is not None and not isinstance(raw, dict):
+        raise IterationError(f"config.{name} must be an object")
+    try:
+        return checker(raw)
+    except (TypeError, ValueError) as exc:
+        raise IterationError(f"config.{name}: {exc}") from None
+
+
+def _optional(module: str, function: str) -> Callable[..., Any] | None:
+    """A function of a module another part of the flywheel provides, or None while it is not installed."""
+    import importlib
+
+    try:
+        return getattr(importlib.import_module(module), function, None)
+    except ModuleNotFoundError as exc:
+        if exc.name != module:
+            raise
+        return None
+
+
+def _check_core(config: dict[str, Any]) -> dict[str, Any]:
+    """The validation (v) and export sections."""
     try:
         v = VConfig.from_dict(config.get("v"))
     except (TypeError, ValueError) as exc:
@@ -75,6 +144,33 @@ def check_config(config: dict[str, Any] | None) -> dict[str, Any]:
                 f"same frame (set config.export.coordinates to {frame!r})"
             )
     return {"v": v.to_dict(), "export": {"coordinates": coordinates}}
+
+
+def check_stages(stages: list[str], base_model: ModelVersion | None, config: dict[str, Any]) -> None:
+    """Refuse a combination of stages that cannot run, saying why (IterationError)."""
+    selected = set(stages)
+    trains = [s for s in TRAINING_STAGES if s in selected]
+    if Stage.EXPORT in selected and Stage.VALIDATE not in selected:
+        raise IterationError("export needs the validation and routing stage")
+    if (trains or Stage.EVALUATE in selected) and (base_model is None or not base_model.checkpoint_uri):
+        raise IterationError("training and evaluation stages need a base model with a checkpoint")
+    for kind in (Stage.CT, Stage.SFT):
+        if kind in selected and Stage.EXPORT not in selected and not DatasetVersion.objects.filter(kind=kind).exists():
+            raise IterationError(
+                f"{Stage(kind).label} needs data: select the export stage, or export to the {kind.upper()} store first"
+            )
+    if Stage.VALUE in selected and Stage.PPO not in selected:
+        raise IterationError("value pretraining only makes PPO's critic: select PPO too")
+    if Stage.EVALUATE in selected and not [s for s in (Stage.CT, Stage.SFT, Stage.PPO) if s in selected]:
+        raise IterationError("evaluation compares the model this iteration trains with its base: select CT, SFT or PPO")
+    if config.get("promote") == "auto" and Stage.EVALUATE not in selected:
+        raise IterationError("automatic promotion needs the evaluation stage")
+    from .training_stages import heldout_tasks, ppo_tasks
+
+    if selected & {Stage.VALUE, Stage.PPO} and not ppo_tasks(config):
+        raise IterationError("PPO needs verifiable training tasks (tasks with an evaluator, not held out); none match")
+    if Stage.EVALUATE in selected and not heldout_tasks(config):
+        raise IterationError('evaluation needs held-out tasks (with an evaluator and metadata.split "heldout")')
 
 
 def latest_versions() -> dict[str, DatasetVersion]:
@@ -106,8 +202,6 @@ def start_iteration(
     missing = [s for s in stages if s not in AVAILABLE_STAGES]
     if missing:
         raise IterationError(f"not available yet: {', '.join(Stage(s).label for s in missing)}")
-    if Stage.EXPORT in stages and Stage.VALIDATE not in stages:
-        raise IterationError("export needs the validation and routing stage")
     bad_modes = [m for m in modes or [] if m not in Trajectory.Mode.values]
     if bad_modes:
         raise IterationError(f"unknown mode(s): {', '.join(bad_modes)}")
@@ -116,6 +210,7 @@ def start_iteration(
     if date_from and date_to and date_from >= date_to:
         raise IterationError("date_from must be before date_to")
     checked = check_config(config)
+    check_stages(stages, base_model, checked)
     ordered = [s for s in Stage.values if s in stages]
     iteration = Iteration.objects.create(
         started_by=user if getattr(user, "pk", None) else None,
@@ -143,9 +238,13 @@ def cancel_iteration(iteration: Iteration) -> Iteration:
             raise IterationError(f"iteration {iteration.pk} has already {iteration.status}")
         iteration.cancel_requested = True
         fields = ["cancel_requested"]
-        if iteration.status == Iteration.Status.PENDING:
+        waiting = any(e.get("status") == "queued" for e in iteration.stages.values())
+        if iteration.status == Iteration.Status.PENDING or waiting:  # nothing runs it now: cancelled at once
+            for entry in iteration.stages.values():
+                if entry.get("status") == "queued":
+                    entry["status"] = Iteration.Status.CANCELLED
             iteration.status, iteration.finished_at = Iteration.Status.CANCELLED, timezone.now()
-            fields += ["status", "finished_at"]
+            fields += ["status", "finished_at", "stages"]
         iteration.save(update_fields=fields)
     push(iteration)
     return iteration
@@ -191,10 +290,20 @@ def push(iteration: Iteration) -> None:
 # --- running ---------------------------------------------------------------------------------------------------------
 
 
-def run_iteration(iteration_id: int, *, chunk: int = CHUNK) -> Iteration:
-    """Run every selected stage not done yet, in order; the iteration ends succeeded, failed or cancelled. Safe to
-    call again after a crash (a concurrent call for the same iteration returns at once)."""
-    with advisory_lock(f"flywheel.iteration.{iteration_id}") as mine:
+def iteration_lock(iteration_id: int) -> str:
+    return f"flywheel.iteration.{iteration_id}"
+
+
+def stage_lock(iteration_id: int, stage: str) -> str:
+    return f"flywheel.iteration.{iteration_id}.{stage}"
+
+
+def run_iteration(iteration_id: int, *, chunk: int = CHUNK, remote: bool = True) -> Iteration:
+    """Run the selected stages not done yet, in order: local ones here; the next remote one (RFT, training,
+    evaluation) is queued for its worker, which comes back here when it is done — unless `remote` is False, then every
+    stage runs in this process. The iteration ends succeeded, failed or cancelled. Safe to call again after a crash (a
+    concurrent call for the same iteration returns at once)."""
+    with advisory_lock(iteration_lock(iteration_id)) as mine:
         iteration = Iteration.objects.get(pk=iteration_id)
         if not mine or iteration.finished:
             return iteration
@@ -202,14 +311,22 @@ def run_iteration(iteration_id: int, *, chunk: int = CHUNK) -> Iteration:
             return _finish(iteration, Iteration.Status.CANCELLED)
         iteration.status = Iteration.Status.RUNNING
         iteration.started_at = iteration.started_at or timezone.now()
-        iteration.scope_until = iteration.scope_until or iteration.started_at
-        iteration.save(update_fields=["status", "started_at", "scope_until"])
+        iteration.save(update_fields=["status", "started_at"])
         push(iteration)
         try:
             for stage in iteration.selected_stages:
                 if iteration.stages.get(stage, {}).get("status") == "done":
                     continue
-                _run_stage(iteration, stage, chunk)
+                if stage not in QUEUES:
+                    _run_stage(iteration, stage, chunk)
+                elif remote:
+                    _dispatch(iteration, stage)
+                    return iteration
+                else:
+                    with advisory_lock(stage_lock(iteration_id, stage)) as free:
+                        if not free:  # its worker runs it; that worker carries on afterwards
+                            return iteration
+                        _run_stage(iteration, stage, chunk)
         except Cancelled:
             return _finish(iteration, Iteration.Status.CANCELLED)
         except Exception as exc:
@@ -218,10 +335,88 @@ def run_iteration(iteration_id: int, *, chunk: int = CHUNK) -> Iteration:
         return _finish(iteration, Iteration.Status.SUCCEEDED)
 
 
+def run_remote_stage(iteration_id: int, stage: str) -> str:
+    """What a stage task on the `sandbox` or `train` queue does: run the stage (unless another runner holds it, or it
+    is done), then queue `flywheel.run_iteration` to go on. Returns what happened."""
+    with advisory_lock(stage_lock(iteration_id, stage)) as mine:
+        if not mine:
+            return "busy"  # the holder carries on when it is done
+        iteration = Iteration.objects.get(pk=iteration_id)
+        if iteration.finished:
+            return iteration.status
+        if stage not in iteration.selected_stages:
+            raise IterationError(f"iteration {iteration_id} has no stage {stage!r}")
+        if iteration.cancel_requested:
+            return _finish(iteration, Iteration.Status.CANCELLED).status
+        if iteration.stages.get(stage, {}).get("status") != "done":
+            try:
+                _run_stage(iteration, stage, CHUNK)
+            except Cancelled:
+                return _finish(iteration, Iteration.Status.CANCELLED).status
+            except Exception as exc:
+                log.exception("iteration %s: stage %s failed", iteration_id, stage)
+                return _finish(iteration, Iteration.Status.FAILED, f"{type(exc).__name__}: {exc}").status
+    current_app.send_task(RUN_TASK, args=[iteration_id])
+    return "done"
+
+
+def _dispatch(iteration: Iteration, stage: str) -> None:
+    """Queue a remote stage for its worker: marked `queued` (a stalled `running` one keeps its state for the rerun)."""
+    queue = QUEUES[stage]
+    if iteration.stages.get(stage, {}).get("status") != "running":
+        now = timezone.now().isoformat()
+        merge_entry(iteration, stage, {"status": "queued", "queue": queue, "queued_at": now, "heartbeat": now})
+    iteration.current_stage = stage
+    iteration.save(update_fields=["current_stage"])
+    push(iteration)
+    current_app.send_task(STAGE_TASKS[queue], args=[iteration.pk, stage])
+
+
+def merge_entry(iteration: Iteration, stage: str, values: dict[str, Any]) -> None:
+    """Set keys of one stage's entry, in the row (jsonb, leaving the other stages as they are) and in `iteration`."""
+    iteration.stages.setdefault(stage, {}).update(values)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {Iteration._meta.db_table} SET stages = jsonb_set(stages, %s, "
+            "coalesce(stages -> %s, '{}'::jsonb) || %s::jsonb) WHERE id = %s",
+            [[stage], stage, _json(values), iteration.pk],
+        )
+
+
+def requeue_stalled(stall_s: float) -> list[int]:
+    """Queue again every running iteration whose runner died: its latest heartbeat is older than `stall_s` and nobody
+    holds its locks (a live runner keeps them; a killed worker's go with its connection). Returns their ids."""
+    cutoff = timezone.now().timestamp() - stall_s
+    requeued = []
+    for iteration in Iteration.objects.filter(status=Iteration.Status.RUNNING):
+        entries = [iteration.stages.get(s, {}) for s in iteration.selected_stages]
+        if any(e.get("status") == "queued" for e in entries):
+            continue  # waiting for a worker of its queue (redelivered by the broker if one took it and died)
+        beats = [datetime.fromisoformat(e["heartbeat"]).timestamp() for e in entries if e.get("heartbeat")]
+        beats.append((iteration.started_at or iteration.created_at).timestamp())
+        if max(beats) > cutoff:
+            continue
+        keys = [iteration_lock(iteration.pk)] + [stage_lock(iteration.pk, s) for s in iteration.selected_stages]
+        if any(_held(key) for key in keys):
+            continue
+        if iteration.current_stage:  # its heartbeat restarts the clock: one requeue per stall period
+            merge_entry(iteration, iteration.current_stage, {"heartbeat": timezone.now().isoformat()})
+        log.warning("iteration %s stalled (no heartbeat for %.0f s): queued again", iteration.pk, stall_s)
+        current_app.send_task(RUN_TASK, args=[iteration.pk])
+        requeued.append(iteration.pk)
+    return requeued
+
+
+def _held(key: str) -> bool:
+    """Whether another session holds the advisory lock `key`."""
+    with advisory_lock(key) as free:
+        return not free
+
+
 def _finish(iteration: Iteration, status: str, error: str = "") -> Iteration:
     iteration.status, iteration.error, iteration.finished_at = status, error, timezone.now()
     for stage in iteration.stages.values():
-        if stage.get("status") == "running":
+        if stage.get("status") in ("running", "queued"):
             stage["status"] = status if status != Iteration.Status.SUCCEEDED else "done"
     iteration.save(update_fields=["status", "error", "finished_at", "stages"])
     push(iteration)
@@ -229,20 +424,40 @@ def _finish(iteration: Iteration, status: str, error: str = "") -> Iteration:
 
 
 def _run_stage(iteration: Iteration, stage: str, chunk: int) -> None:
+    now = timezone.now()
     entry = iteration.stages.setdefault(stage, {"done": 0, "total": None})
-    entry.update(status="running", started_at=entry.get("started_at") or timezone.now().isoformat())
+    entry.update(status="running", started_at=entry.get("started_at") or now.isoformat(), heartbeat=now.isoformat())
     iteration.current_stage = stage
-    iteration.save(update_fields=["stages", "current_stage"])
+    fields = ["stages", "current_stage"]
+    if stage == Stage.VALIDATE and not iteration.scope_until:
+        # Fixed when validation first starts (not when the iteration does): an RFT stage's rollouts are in scope.
+        iteration.scope_until = now
+        fields.append("scope_until")
+    iteration.save(update_fields=fields)
     push(iteration)
     started = time.monotonic()
+    report = lambda done, total: progress(iteration, stage, done, total)  # noqa: E731
     if stage == Stage.VALIDATE:
         output = validate_and_route(iteration, chunk=chunk)
     elif stage == Stage.EXPORT:
         from .export import export_iteration
 
-        output = export_iteration(iteration, progress=lambda done, total: progress(iteration, stage, done, total))
-    else:  # start_iteration refuses these; an old row naming one fails clearly
-        raise IterationError(f"stage {stage!r} is not available yet")
+        output = export_iteration(iteration, progress=report)
+    elif stage == Stage.RFT:
+        run_rft = _optional("flywheel.rft", "run_rft")
+        if run_rft is None:
+            raise IterationError("the RFT stage is not installed (flywheel.rft.run_rft)")
+        output = run_rft(iteration, report)
+    elif stage in TRAINING_STAGES:
+        from .training_stages import run_training_stage
+
+        output = run_training_stage(iteration, stage)
+    elif stage == Stage.EVALUATE:
+        from .training_stages import run_evaluate_stage
+
+        output = run_evaluate_stage(iteration)
+    else:
+        raise IterationError(f"unknown stage {stage!r}")
     entry = iteration.stages[stage]
     entry.update(status="done", finished_at=timezone.now().isoformat(), seconds=round(time.monotonic() - started, 3))
     entry["output"] = output
@@ -254,7 +469,7 @@ def progress(iteration: Iteration, stage: str, done: int, total: int | None) -> 
     """Record progress within a stage, push it (at most every PUSH_EVERY_S, and at the end), and stop when a cancel
     was asked for (one UPDATE … RETURNING)."""
     entry = iteration.stages[stage]
-    entry["done"], entry["total"] = done, total
+    entry["done"], entry["total"], entry["heartbeat"] = done, total, timezone.now().isoformat()
     with connection.cursor() as cursor:
         cursor.execute(
             f"UPDATE {Iteration._meta.db_table} SET stages = %s::jsonb WHERE id = %s RETURNING cancel_requested",

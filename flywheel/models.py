@@ -127,8 +127,8 @@ class Stage(models.TextChoices):
     EVALUATE = "evaluate", "Evaluation"
 
 
-# What this build can run; the others are listed on the form as not yet available and refused by the API.
-AVAILABLE_STAGES = (Stage.VALIDATE, Stage.EXPORT)
+# What this build can run: every stage (start_iteration refuses combinations that cannot run, saying why).
+AVAILABLE_STAGES = tuple(Stage)
 
 
 class Iteration(models.Model):

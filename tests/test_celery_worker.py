@@ -33,6 +33,9 @@ QUEUE_OF = {
     "annotation_app.live.start_capture": "live",
     "annotation_app.tasks.release_stale_assignments": "default",
     "flywheel.run_iteration": "flywheel",
+    "flywheel.requeue_stalled": "flywheel",
+    "training.flywheel_stage": "train",
+    "sandbox.flywheel_stage": "sandbox",
 }
 
 

@@ -195,7 +195,7 @@ def test_progress_is_pushed_over_the_websocket(monkeypatch):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"stages": ["ppo"]}, "not available yet: PPO"),
+        ({"stages": ["ppo"]}, "need a base model with a checkpoint"),
         ({"stages": ["bogus"]}, "unknown stage"),
         ({"stages": ["export"]}, "export needs the validation"),
         ({"modes": ["telepathy"]}, "unknown mode"),

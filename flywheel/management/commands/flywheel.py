@@ -1,20 +1,23 @@
-"""`manage.py flywheel run …`: start an iteration from the shell, run here (by hand) or queued for a worker."""
+"""`manage.py flywheel run|resume|requeue-stalled …`: start an iteration from the shell and run it here (every stage in
+this process, training included) or queue it for the workers; resume one; queue again iterations whose worker died."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.dateparse import parse_datetime
 
-from flywheel.iterations import IterationError, reopen_iteration, run_iteration, start_iteration
+from flywheel.iterations import IterationError, reopen_iteration, requeue_stalled, run_iteration, start_iteration
 from flywheel.models import AVAILABLE_STAGES, Iteration, ModelVersion
 
 
 class Command(BaseCommand):
     help = (
-        "Flywheel iterations: `run` starts one (validation+routing, export) and runs it in this process or queues it."
+        "Flywheel iterations: `run` starts one and runs it in this process or queues it; `resume` runs the rest of one;"
+        " `requeue-stalled` queues again those whose worker died."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -29,21 +32,41 @@ class Command(BaseCommand):
         run.add_argument(
             "--stage", action="append", default=[], help=f"stage to run (repeatable; available: {AVAILABLE_STAGES})"
         )
-        run.add_argument("--config", default="{}", help='JSON: {"v": {...}, "export": {"coordinates": ...}}')
+        run.add_argument(
+            "--config",
+            default="{}",
+            help='JSON: {"v": {...}, "export": {...}, "train": {"preset": "tiny-cpu", "sft": {...}}, "evaluate": {...},'
+            ' "promote": "auto"}',
+        )
         run.add_argument("--queue", action="store_true", help="queue it for a Celery worker instead of running here")
         resume = sub.add_parser(
             "resume", help="run the remaining stages of an iteration here (a failed or cancelled one is reopened)"
         )
         resume.add_argument("iteration", type=int)
+        resume.add_argument("--queue", action="store_true", help="queue it for the workers instead of running here")
+        stalled = sub.add_parser("requeue-stalled", help="queue again running iterations whose worker stopped beating")
+        stalled.add_argument("--stall", type=float, default=None, help="seconds without a heartbeat (FLYWHEEL_STALL_S)")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["action"] == "requeue-stalled":
+            found = requeue_stalled(options["stall"] or settings.FLYWHEEL_STALL_S)
+            self.stdout.write(f"queued again: {', '.join(map(str, found)) or 'none'}")
+            return
         if options["action"] == "resume":
             iteration = Iteration.objects.filter(pk=options["iteration"]).first()
             if iteration is None:
                 raise CommandError(f"no iteration {options['iteration']}")
             if iteration.status in (Iteration.Status.FAILED, Iteration.Status.CANCELLED):
                 reopen_iteration(iteration)
-            self._report(run_iteration(iteration.pk))
+            if options["queue"]:
+                from celery import current_app
+
+                from flywheel.iterations import RUN_TASK
+
+                current_app.send_task(RUN_TASK, args=[iteration.pk])
+                self.stdout.write(f"iteration {iteration.pk} queued on the flywheel queue")
+                return
+            self._report(run_iteration(iteration.pk, remote=False))
             return
         try:
             config = json.loads(options["config"])
@@ -77,11 +100,11 @@ class Command(BaseCommand):
         if options["queue"]:
             self.stdout.write(f"iteration {iteration.pk} queued on the flywheel queue")
             return
-        self._report(run_iteration(iteration.pk))
+        self._report(run_iteration(iteration.pk, remote=False))
 
     def _report(self, iteration: Iteration) -> None:
         self.stdout.write(f"iteration {iteration.pk}: {iteration.status}")
         for name, entry in iteration.stages.items():
-            self.stdout.write(f"  {name}: {entry.get('status')} {json.dumps(entry.get('output'))}")
+            self.stdout.write(f"  {name}: {entry.get('status')} {json.dumps(entry.get('output'), default=str)}")
         if iteration.status == Iteration.Status.FAILED:
             raise CommandError(iteration.error)
