@@ -32,7 +32,7 @@ def test_run_validates_in_this_process_and_prints_the_outcome():
     ("args", "message"),
     [
         (["--config", "{nope"], "--config is not JSON"),
-        (["--stage", "ppo"], "not available yet"),
+        (["--stage", "ppo"], "need a base model with a checkpoint"),
         (["--base-model", "ghost"], "no model named 'ghost'"),
         (["--from", "yesterday"], "--from is not an ISO date-time"),
         (["--config", '{"v": {"weights": {"vibes": 1}}}'], "unknown V component"),
