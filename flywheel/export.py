@@ -12,6 +12,11 @@ the newest version whole, and a version's manifest lists exactly its files, its 
 Actions are stored in screen pixels; here they are converted to the target model's frame (absolute pixels of the
 smart-resized image, or relative 0-1000) by sandbox.coordinates alone, and in the absolute frame the screenshots are
 resized to the model image's size, so the picture and the coordinates agree.
+
+From the same episodes, each version also writes its other formats (flywheel/formats.py, listed in the manifest's
+`files` and `formats`): Parquet for Hugging Face `datasets` (data-v0003.parquet), chat JSONL for TRL
+(chat-v0003.jsonl), sharegpt JSONL for LLaMA-Factory (sharegpt-v0003.jsonl) and, in the CT store, the interleaved
+text+image corpus with in-situ transcripts (corpus-v0003.jsonl).
 """
 
 from __future__ import annotations
@@ -35,12 +40,14 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
-from annotation_app.models import Step, Trajectory
+from annotation_app.models import Capture, Step, Trajectory
 from sandbox.actions import ParsedStep, format_step, parse_actions
 from sandbox.coordinates import CoordinateMode, ScreenMapping, map_points
 from training.data import Episode
 from training.policy.prompts import COMPUTER_USE
 
+from . import formats
+from .formats import Record, StepTranscript
 from .locks import advisory_lock
 from .models import DatasetVersion, Iteration, Route, Validation
 
@@ -186,7 +193,38 @@ def episodes_for(
                 "coordinates": coordinates,
             },
         )
-        yield episode, {"mode": traj_mode, "domain": domain or "—", "source": "human" if annotator else "model"}
+        yield (
+            episode,
+            {
+                "mode": traj_mode,
+                "domain": domain or "—",
+                "source": "human" if annotator else "model",
+                "indexes": [row[1] for row in steps.get(pk, [])],
+            },
+        )
+
+
+def transcripts_for(ids: list[int]) -> dict[int, list[Any]]:
+    """The in-situ captures' alignment of the trajectories `ids` that have one (one query): per step index, the raw
+    transcript text and its timed words."""
+    return {
+        pk: alignment
+        for pk, alignment in Capture.objects.filter(trajectory_id__in=ids).values_list("trajectory_id", "alignment")
+        if alignment
+    }
+
+
+def step_transcripts(alignment: list[Any], indexes: list[int]) -> list[StepTranscript]:
+    """A capture's alignment as transcripts of the episode's steps (`step` is the position in the episode; the
+    alignment is by Step.index), leaving out steps nothing was said in."""
+    out = []
+    for position, index in enumerate(indexes):
+        aligned = alignment[index] if 0 <= index < len(alignment) and isinstance(alignment[index], dict) else {}
+        words = [w for w in aligned.get("words") or [] if isinstance(w, dict)]
+        text = aligned.get("raw") or " ".join(str(w.get("text", "")).strip() for w in words).strip()
+        if text or words:
+            out.append(StepTranscript(step=position, text=text, words=words))
+    return out
 
 
 def export_store(
@@ -195,10 +233,14 @@ def export_store(
     *,
     chunk: int = CHUNK,
     progress: Callable[[int], None] | None = None,
+    parquet_images: str = "bytes",
 ) -> DatasetVersion | None:
-    """Make the next version of the `kind` store with this iteration's new rows for it (None when it has none).
-    Idempotent: the version this iteration made is returned as it is. Holds a lock per store while it writes."""
+    """Make the next version of the `kind` store with this iteration's new rows for it (None when it has none), in
+    every format at once. Idempotent: the version this iteration made is returned as it is (nothing rewritten).
+    Holds a lock per store while it writes."""
 
+    if parquet_images not in formats.PARQUET_IMAGES:
+        raise ValueError(f"parquet_images must be one of {', '.join(formats.PARQUET_IMAGES)}")
     with advisory_lock(f"flywheel.store.{kind}") as mine:
         if not mine:
             raise RuntimeError(f"another export is writing the {kind} store; try again when it is done")
@@ -218,37 +260,53 @@ def export_store(
         image_count = 0
         with tempfile.TemporaryDirectory(prefix="flywheel-export-") as tmp:
             episodes_path, rows_path, sums_path = (os.path.join(tmp, n) for n in ("episodes", "rows", "sums"))
-            with (
-                open(episodes_path, "w", encoding="utf-8") as episodes_out,
-                open(rows_path, "w", encoding="utf-8") as rows_out,
-                open(sums_path, "w", encoding="utf-8") as sums_out,
-            ):
+            others = formats.writers(kind, Path(tmp), tag, parquet_images=parquet_images)
+            written: list[tuple[str, bytes]] = []  # the current episode's images, for the formats that embed them
+            try:
+                with (
+                    open(episodes_path, "w", encoding="utf-8") as episodes_out,
+                    open(rows_path, "w", encoding="utf-8") as rows_out,
+                    open(sums_path, "w", encoding="utf-8") as sums_out,
+                ):
 
-                def images(trajectory: int, index: int, name: str, mapping: ScreenMapping) -> str:
-                    nonlocal image_count
-                    with default_storage.open(name, "rb") as handle:
-                        data, ext = model_image(handle.read(), name, mapping)
-                    relative = f"images/t{trajectory}/{index:05d}.{ext}"
-                    _replace(f"{base}/{relative}", ContentFile(data))
-                    sums_out.write(f"{hashlib.sha256(data).hexdigest()}  {relative}\n")
-                    image_count += 1
-                    return relative
+                    def images(trajectory: int, index: int, name: str, mapping: ScreenMapping) -> str:
+                        nonlocal image_count
+                        with default_storage.open(name, "rb") as handle:
+                            data, ext = model_image(handle.read(), name, mapping)
+                        relative = f"images/t{trajectory}/{index:05d}.{ext}"
+                        _replace(f"{base}/{relative}", ContentFile(data))
+                        sums_out.write(f"{hashlib.sha256(data).hexdigest()}  {relative}\n")
+                        image_count += 1
+                        written.append((relative, data))
+                        return relative
 
-                done = 0
-                for ids in _chunks(rows, chunk):
-                    for episode, labels in episodes_for(ids, kind, number, iteration, coordinates, images):
-                        episodes_out.write(episode.to_json() + "\n")
-                        rows_out.write(f"{episode.meta['trajectory_id']}\n")
-                        for key, value in (("by_mode", "mode"), ("by_domain", "domain"), ("by_source", "source")):
-                            counts[key][labels[value]] += 1
-                    done += len(ids)
-                    if progress:
-                        progress(done)
+                    done = 0
+                    for ids in _chunks(rows, chunk):
+                        spoken = transcripts_for(ids) if kind == Route.CT else {}
+                        for episode, labels in episodes_for(ids, kind, number, iteration, coordinates, images):
+                            pk = episode.meta["trajectory_id"]
+                            episodes_out.write(episode.to_json() + "\n")
+                            rows_out.write(f"{pk}\n")
+                            record = Record(
+                                episode, list(written), step_transcripts(spoken.get(pk, []), labels["indexes"])
+                            )
+                            written.clear()
+                            for writer in others:
+                                writer.add(record)
+                            for key, value in (("by_mode", "mode"), ("by_domain", "domain"), ("by_source", "source")):
+                                counts[key][labels[value]] += 1
+                        done += len(ids)
+                        if progress:
+                            progress(done)
+            finally:
+                for writer in others:
+                    writer.close()
             files = []
             for role, local, name in (
                 ("episodes", episodes_path, f"episodes-{tag}.jsonl"),
                 ("rows", rows_path, f"rows-{tag}.txt"),
                 ("checksums", sums_path, f"checksums-{tag}.sha256"),
+                *((w.role, str(w.path), f"{formats.SUBDIR}/{w.path.name}") for w in others),
             ):
                 sha, size = _sha256_file(local)
                 with open(local, "rb") as handle:
@@ -258,6 +316,7 @@ def export_store(
         total_counts = {key: dict(Counter(parent_counts.get(key, {})) + counter) for key, counter in counts.items()}
         manifest = {
             "format": "training.data episodes (JSON Lines), images relative to the episodes file",
+            "formats": formats.describe(kind, tag, parquet_images),
             "kind": kind,
             "version": number,
             "parent": parent.number if parent else None,
@@ -302,7 +361,8 @@ def export_iteration(iteration: Iteration, *, progress: Callable[[int, int], Non
             if progress:
                 progress(before + done, total)
 
-        version = export_store(iteration, kind, progress=report)
+        parquet_images = iteration.config.get("export", {}).get("parquet_images", "bytes")
+        version = export_store(iteration, kind, progress=report, parquet_images=parquet_images)
         finished += totals[kind]
         output[kind] = (
             {"version": version.number, "id": version.pk, "added": version.added_count, "rows": version.row_count}
