@@ -12,6 +12,7 @@ from .insitu import browser, pipeline, timeline
 from .models import Capture
 from .permissions import Capability, requires
 from .trajectories import Conflict
+from .upload_checks import UploadRejected
 
 
 def _own(request: HttpRequest, pk: int) -> Capture:
@@ -25,6 +26,11 @@ def _own(request: HttpRequest, pk: int) -> Capture:
 @requires(Capability.ANNOTATE)
 def captures(request: HttpRequest) -> HttpResponse:
     """The annotator's captures with their processing state, and how to connect the recorder."""
+    return _captures_page(request)
+
+
+def _captures_page(request: HttpRequest, error: str = "", status: int = 200) -> HttpResponse:
+    """The Think-aloud page; a refused start is shown on it (`error`) with its HTTP status."""
     rows = Capture.objects.filter(annotator=request.user).select_related("task")[:100]
     rows = [browser.time_out_start(c) for c in rows]  # a desktop that never started fails, it is not polled forever
     context = {
@@ -32,10 +38,11 @@ def captures(request: HttpRequest) -> HttpResponse:
         "busy": any(c.pending for c in rows),
         "has_token": Token.objects.filter(user=request.user).exists(),
         "server": request.build_absolute_uri("/").rstrip("/"),
+        "start_error": error,
     }
     if request.htmx:
         return render(request, "annotation_app/_captures_table.html", context)
-    return render(request, "annotation_app/insitu.html", context)
+    return render(request, "annotation_app/insitu.html", context, status=status)
 
 
 @require_POST
@@ -58,7 +65,9 @@ def capture_page(request: HttpRequest, pk: int) -> HttpResponse:
         "capture": capture,
         "data": timeline.timeline_json(capture) if capture.status in ("ready", "submitted") else None,
         "audio_url": recording.audio.url if recording and recording.audio else "",
-        "editable": capture.status == Capture.Status.READY,
+        "editable": capture.status == Capture.Status.READY or timeline.fixable(capture),
+        "fixing": timeline.fixable(capture),
+        "reviews": capture.trajectory.reviews.select_related("reviewer") if capture.trajectory else [],
     }
     if request.htmx:
         # The status poll: once what the page waits for is over (processing, or the browser capture's desktop
@@ -104,4 +113,6 @@ def browser_start(request: HttpRequest) -> HttpResponse:
     except Conflict as exc:
         messages.error(request, str(exc))
         return redirect("insitu")
+    except UploadRejected as exc:  # the capture quota is full: said on the page, with its status (413)
+        return _captures_page(request, str(exc), status=exc.status)
     return redirect("insitu-capture-page", pk=capture.pk)

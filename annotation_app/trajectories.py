@@ -145,3 +145,84 @@ def review(
         )
         trajectory.save(update_fields=["status", "updated_at"])
     return result
+
+
+# --- fixing a rejected trajectory (docs/live-annotation.md, "A rejected trajectory") -----------------------------
+
+MAX_THOUGHT = 5000
+
+
+def _rejected_of(trajectory: Trajectory, annotator: User) -> Trajectory:
+    """The trajectory, locked, if it is the annotator's own and rejected; Conflict otherwise."""
+    locked = Trajectory.objects.select_for_update().get(pk=trajectory.pk)
+    if locked.annotator_id != annotator.pk:
+        raise Conflict("Only the trajectory's own annotator can fix it.")
+    if locked.status != Trajectory.Status.REJECTED:
+        raise Conflict(f"Only a rejected trajectory can be fixed; this one is {locked.get_status_display().lower()}.")
+    return locked
+
+
+def clean_thought(text: str) -> str:
+    """A thought as stored: one line's runs of spaces squeezed, several lines kept; Invalid past MAX_THOUGHT."""
+    text = " ".join(text.split()) if "\n" not in text else text.strip()
+    if len(text) > MAX_THOUGHT:
+        raise Invalid(f"A thought is at most {MAX_THOUGHT:,} characters.")
+    return text
+
+
+def fix_thoughts(trajectory: Trajectory, annotator: User, thoughts: dict[int, str]) -> list[Step]:
+    """Replace step thoughts of the annotator's rejected trajectory (actions stay: they were done on the screen).
+
+    Each step's thought as it was when rejected is kept once in `metadata.thoughts_before_fix`, so the reviewer can
+    see what changed; the steps changed are returned."""
+    cleaned = {index: clean_thought(text) for index, text in thoughts.items()}
+    with transaction.atomic():
+        locked = _rejected_of(trajectory, annotator)
+        steps = {s.index: s for s in locked.steps.filter(index__in=list(cleaned))}
+        if missing := sorted(set(cleaned) - set(steps)):
+            raise Invalid(f"Step {missing[0]} does not exist.")
+        before = locked.metadata.setdefault("thoughts_before_fix", {})
+        changed = []
+        for index, text in cleaned.items():
+            step = steps[index]
+            if step.thought == text:
+                continue
+            before.setdefault(str(index), step.thought)
+            step.thought = text
+            step.save(update_fields=["thought"])
+            changed.append(step)
+        if changed:
+            locked.save(update_fields=["metadata", "updated_at"])
+    return changed
+
+
+def resubmit(trajectory: Trajectory, annotator: User) -> Trajectory:
+    """Send the annotator's fixed, rejected trajectory back to review: submitted again, its reviews kept (the
+    review history shows the rejection before the new verdict), the resubmission noted in `metadata.resubmitted`."""
+    with transaction.atomic():
+        locked = _rejected_of(trajectory, annotator)
+        locked.status = Trajectory.Status.SUBMITTED
+        locked.submitted_at = timezone.now()
+        locked.metadata.setdefault("resubmitted", []).append(locked.submitted_at.isoformat())
+        locked.save(update_fields=["status", "submitted_at", "metadata", "updated_at"])
+    return locked
+
+
+def attempt_again(trajectory: Trajectory, annotator: User) -> Assignment:
+    """Give the task of the annotator's rejected trajectory back to them for a new attempt (a new trajectory; the
+    rejected one stays as it is). Refused while they hold another task or someone else holds this one."""
+    with transaction.atomic():
+        User.objects.select_for_update().filter(pk=annotator.pk).values_list("pk", flat=True).get()
+        locked = _rejected_of(trajectory, annotator)
+        task = Task.objects.select_for_update().get(pk=locked.task_id)
+        current = task_queue.current_assignment(annotator)
+        if current is not None and current.task_id == task.pk:
+            return current
+        if current is not None:
+            raise Conflict(f"You hold task #{current.task_id}: submit or skip it first, then try this one again.")
+        if task.status == Task.Status.ARCHIVED:
+            raise Conflict(f"Task #{task.pk} was archived by a data lead; it cannot be attempted again.")
+        if Assignment.objects.filter(task=task, status=Assignment.Status.ACTIVE).exists():
+            raise Conflict(f"Task #{task.pk} is being worked on by another annotator right now; try again later.")
+        Task.objects.filter(pk=task.pk).update(status=Task.Status.ASSIGNED, updated_at=timezone.now())
+        return Assignment.objects.create(task=task, annotator=annotator)

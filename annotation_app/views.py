@@ -6,9 +6,10 @@ import mimetypes
 from pathlib import PurePosixPath
 
 from django.conf import settings
+from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.core.paginator import Paginator
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Prefetch, Q
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -16,7 +17,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from . import task_pool, task_queue, trajectories
 from .live import sessions as live
-from .models import Review, Role, Task, Trajectory
+from .models import Capture, Review, Role, Task, Trajectory
 from .permissions import Capability, can, requires, trajectories_visible_to
 from .task_import import TaskImportError, import_tasks
 from .throttling import FailureLimiter, client_address
@@ -181,9 +182,9 @@ def trajectory_detail(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 def _trajectory_page(
-    request: HttpRequest, trajectory: Trajectory, review_error: str = "", status: int = 200
+    request: HttpRequest, trajectory: Trajectory, review_error: str = "", status: int = 200, fix: str = ""
 ) -> HttpResponse:
-    """The trajectory's page; a review that failed is shown on it (with its status), next to the review form."""
+    """The trajectory's page; a review or a fix that failed is shown on it (with its status), next to its form."""
     context = {
         "trajectory": trajectory,
         "steps": trajectory.steps.all(),
@@ -191,8 +192,65 @@ def _trajectory_page(
         "can_review": can(request.user, Capability.REVIEW) and trajectory.status != Trajectory.Status.IN_PROGRESS,
         "verdicts": Review.Verdict.choices,
         "review_error": review_error,
+        **_fix_context(request, trajectory, fix),
     }
     return render(request, "annotation_app/trajectory.html", context, status=status)
+
+
+def _fix_context(request: HttpRequest, trajectory: Trajectory, fix_error: str = "") -> dict:
+    """What the page offers the annotator of a rejected trajectory: fix its thoughts (on the page for a live one, on
+    the capture's timeline for an in-situ one) and resubmit, or attempt the task again."""
+    own = can(request.user, Capability.ANNOTATE) and trajectory.annotator_id == request.user.pk
+    can_fix = own and trajectory.status == Trajectory.Status.REJECTED
+    capture = Capture.objects.filter(trajectory=trajectory).only("id").first() if can_fix else None
+    before = trajectory.metadata.get("thoughts_before_fix", {}) if isinstance(trajectory.metadata, dict) else {}
+    return {"can_fix": can_fix, "fix_capture": capture, "fix_error": fix_error, "thoughts_before_fix": before}
+
+
+def _own_trajectory(request: HttpRequest, pk: int) -> Trajectory:
+    """The annotator's own trajectory (404 for anyone else's: they may not know it exists)."""
+    return get_object_or_404(
+        Trajectory.objects.filter(annotator=request.user).select_related("task", "annotator", "model_version"), pk=pk
+    )
+
+
+@require_POST
+@requires(Capability.ANNOTATE)
+def trajectory_fix(request: HttpRequest, pk: int) -> HttpResponse:
+    """Save the thoughts of the annotator's rejected trajectory (fields `thought-<index>`); with `resubmit`, send it
+    back to review. A refusal is shown on the page with its status (400 or 409)."""
+    trajectory = _own_trajectory(request, pk)
+    thoughts = {
+        int(key.removeprefix("thought-")): value
+        for key, value in request.POST.items()
+        if key.startswith("thought-") and key.removeprefix("thought-").isdigit()
+    }
+    try:
+        with transaction.atomic():
+            changed = trajectories.fix_thoughts(trajectory, request.user, thoughts)
+            if request.POST.get("resubmit"):
+                trajectories.resubmit(trajectory, request.user)
+    except (Conflict, trajectories.Invalid) as exc:
+        return _trajectory_page(request, trajectory, status=409 if isinstance(exc, Conflict) else 400, fix=str(exc))
+    saved = f"{len(changed)} thought{'s' * (len(changed) != 1)} changed"
+    if request.POST.get("resubmit"):
+        messages.success(request, f"{saved}; the trajectory is submitted for review again.")
+    else:
+        messages.info(request, f"{saved}. Resubmit it when it is ready.")
+    return redirect("trajectory", pk=pk)
+
+
+@require_POST
+@requires(Capability.ANNOTATE)
+def trajectory_retry(request: HttpRequest, pk: int) -> HttpResponse:
+    """Take the task of the annotator's rejected trajectory again, for a new attempt (the rejected one stays)."""
+    trajectory = _own_trajectory(request, pk)
+    try:
+        assignment = trajectories.attempt_again(trajectory, request.user)
+    except Conflict as exc:
+        return _trajectory_page(request, trajectory, status=409, fix=str(exc))
+    messages.success(request, f"Task #{assignment.task_id} is yours again: annotate it live or record it aloud.")
+    return redirect("annotate")
 
 
 @require_POST

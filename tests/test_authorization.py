@@ -64,6 +64,9 @@ MATRIX: list[tuple[str, str, str, set[str]]] = [
     ("lead-task-change", "post", "page", {L, S}),
     ("trajectory", "get", "page", EVERYONE),  # annotators: their own trajectories only (tested below)
     ("trajectory-review", "post", "page", {L, S}),
+    # Fixing a rejected trajectory: its own annotator only (tests/test_resubmit.py).
+    ("trajectory-fix", "post", "page", set()),
+    ("trajectory-retry", "post", "page", set()),
     ("flywheel", "get", "page", {M, S}),
     ("flywheel-promote", "post", "page", {M, S}),
     ("media", "get", "media", EVERYONE),

@@ -32,7 +32,7 @@ from ..task_queue import current_assignment
 from ..trajectories import Conflict, Invalid
 from ..upload_checks import AUDIO_FORMATS, check_upload
 from .audio import with_duration
-from .uploads import _enqueue, archive_file
+from .uploads import _enqueue, archive_file, check_room
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,7 @@ def open_browser_capture(annotator: User) -> Capture:
     for capture in _open_captures(annotator, task):
         if _desktop_alive(capture):
             return capture
+    check_room(annotator)  # a full quota refuses a new desktop (413) instead of a recording lost at the upload
     with transaction.atomic():
         locked = Assignment.objects.select_for_update().filter(pk=assignment.pk, status=Assignment.Status.ACTIVE)
         if locked.values_list("pk", flat=True).first() is None:
@@ -207,6 +208,7 @@ def vnc_token(capture: Capture, user: User) -> str:
 def start_recording(capture: Capture) -> float:
     """Start the event capture on the desktop; the capture clock when it answered (the page aligns its audio)."""
     session_id = _session(capture)
+    check_room(capture.annotator)  # the quota may have filled since the desktop was leased (another upload)
     client = sandbox_for(capture)
     client.renew(session_id, settings.LIVE_LEASE_TTL_S)
     t = client.capture_start(session_id, instruction=capture.instruction, task_id=capture.task_id)

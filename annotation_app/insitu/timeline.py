@@ -10,12 +10,23 @@ from django.conf import settings
 from django.db import transaction
 
 from ..models import Capture, Step, Trajectory
-from ..trajectories import Conflict, Invalid, submit
+from ..trajectories import MAX_THOUGHT as MAX_THOUGHT  # the API's limit on a thought
+from ..trajectories import Conflict, Invalid, clean_thought, fix_thoughts, resubmit, submit
 
-MAX_THOUGHT = 5000
+
+def fixable(capture: Capture) -> bool:
+    """A submitted capture whose trajectory the data lead rejected: its annotator may fix thoughts and resubmit."""
+    trajectory = capture.trajectory
+    return (
+        capture.status == Capture.Status.SUBMITTED
+        and trajectory is not None
+        and trajectory.status == Trajectory.Status.REJECTED
+    )
 
 
 def _editable(capture: Capture) -> Trajectory:
+    if fixable(capture):
+        return capture.trajectory
     if capture.status != Capture.Status.READY or capture.trajectory is None:
         raise Conflict(f"This capture is {capture.get_status_display().lower()}; only a ready one can be changed.")
     if capture.trajectory.status != Trajectory.Status.IN_PROGRESS:
@@ -24,11 +35,13 @@ def _editable(capture: Capture) -> Trajectory:
 
 
 def edit_thought(capture: Capture, index: int, text: str) -> Step:
-    """Replace one step's thought (the raw transcript stays on the capture's alignment)."""
+    """Replace one step's thought (the raw transcript stays on the capture's alignment); on a rejected capture the
+    thought before the fix is kept too (trajectories.fix_thoughts)."""
     trajectory = _editable(capture)
-    text = " ".join(text.split()) if "\n" not in text else text.strip()
-    if len(text) > MAX_THOUGHT:
-        raise Invalid(f"A thought is at most {MAX_THOUGHT:,} characters.")
+    if trajectory.status == Trajectory.Status.REJECTED:
+        fix_thoughts(trajectory, capture.annotator, {index: text})
+        return trajectory.steps.get(index=index)
+    text = clean_thought(text)
     step = trajectory.steps.filter(index=index).first()
     if step is None:
         raise Invalid(f"Step {index} does not exist.")
@@ -38,10 +51,13 @@ def edit_thought(capture: Capture, index: int, text: str) -> Step:
 
 
 def submit_capture(capture: Capture) -> Capture:
-    """Send the trajectory to the data lead's review; the capture is then read-only."""
+    """Send the trajectory to the data lead's review (again, once fixed after a rejection); then it is read-only."""
     trajectory = _editable(capture)
     with transaction.atomic():
-        submit(trajectory)
+        if trajectory.status == Trajectory.Status.REJECTED:
+            resubmit(trajectory, capture.annotator)
+        else:
+            submit(trajectory)
         Capture.objects.filter(pk=capture.pk).update(status=Capture.Status.SUBMITTED)
     capture.refresh_from_db()
     return capture

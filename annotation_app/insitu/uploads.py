@@ -111,6 +111,20 @@ def check_quota(annotator: User, adding: int) -> None:
         )
 
 
+def check_room(annotator: User) -> None:
+    """Refuse (413) to start a recording when the annotator's captures already fill MAX_USER_CAPTURE_BYTES: a
+    browser capture's size is known only when it stops, so this is checked when it starts (and again at Record)."""
+    used = Capture.objects.filter(annotator=annotator).aggregate(total=Sum("size"))["total"] or 0
+    quota = settings.MAX_USER_CAPTURE_BYTES
+    if used >= quota:
+        raise UploadRejected(
+            f"Your captures fill your quota ({used / 2**20:,.1f} MiB of {quota / 2**20:,.1f} MiB): there is no room "
+            "for a new recording. Delete captures you no longer need on the Think-aloud page, or ask a data lead "
+            "to raise MAX_USER_CAPTURE_BYTES.",
+            status=413,
+        )
+
+
 def parse_content_range(header: str | None, body_length: int) -> tuple[int, int, int]:
     """(start, end exclusive, total) from `bytes START-END/TOTAL`, checked against the body."""
     match = CONTENT_RANGE.fullmatch((header or "").strip())

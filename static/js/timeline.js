@@ -94,16 +94,47 @@ if (root.dataset.editable) {
   }
 }
 
+// --- submitting: a warning to confirm (not a block) when thoughts are empty or no speech was heard -----------------
 const submit = document.getElementById("submit-capture");
+const warning = document.getElementById("submit-warning");
+
+function submitWarnings() {
+  const empty = [...root.querySelectorAll("textarea.thought")].filter((area) => !area.value.trim()).length;
+  const reasons = [];
+  if ((data.flags || []).includes("no_speech")) {
+    reasons.push("No speech was heard in the recording: the thoughts are what you typed, if anything.");
+  }
+  if (empty) reasons.push(`${empty} of ${data.steps.length} steps have an empty thought: the model learns nothing from them about why.`);
+  return reasons;
+}
+
+async function sendSubmit() {
+  submit.disabled = true;
+  document.getElementById("submit-error").hidden = true;
+  try {
+    await send(submit.dataset.url, "POST");
+    window.location.reload();
+  } catch (err) {
+    submit.disabled = false;
+    const line = document.getElementById("submit-error");
+    line.textContent = `Not submitted: ${err.message}`;
+    line.hidden = false;
+  }
+}
+
 if (submit) {
-  submit.addEventListener("click", async () => {
-    submit.disabled = true;
-    try {
-      await send(submit.dataset.url, "POST");
-      window.location.reload();
-    } catch (err) {
-      submit.disabled = false;
-      alert(`Not submitted: ${err.message}`);
-    }
+  submit.addEventListener("click", () => {
+    const reasons = submitWarnings();
+    if (!reasons.length) return sendSubmit();
+    const list = document.getElementById("submit-warning-list");
+    list.replaceChildren(...reasons.map((text) => Object.assign(document.createElement("li"), { textContent: text })));
+    warning.hidden = false;
+    warning.scrollIntoView({ block: "nearest" });
+  });
+  document.getElementById("submit-anyway").addEventListener("click", () => { warning.hidden = true; sendSubmit(); });
+  document.getElementById("keep-editing").addEventListener("click", () => {
+    warning.hidden = true;
+    const area = [...root.querySelectorAll("textarea.thought")].find((a) => !a.value.trim());
+    if (area) area.focus();
   });
 }
