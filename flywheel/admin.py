@@ -1,17 +1,18 @@
-"""Django admin for the model registry."""
+"""Django admin for the model registry (with lineage and promotion history), iterations, stores and validations."""
 
 from django.contrib import admin
 from django.db import models
 
-from .models import DatasetVersion, Iteration, ModelVersion, Validation
+from .models import DatasetVersion, Iteration, ModelPromotion, ModelVersion, Validation
 
 
 @admin.register(ModelVersion)
 class ModelVersionAdmin(admin.ModelAdmin):
-    list_display = ("name", "checkpoint_uri", "endpoint_url", "is_active", "created_at")
-    list_filter = ("is_active",)
+    list_display = ("name", "stage", "iteration", "parent", "endpoint_url", "is_active", "created_at")
+    list_filter = ("is_active", "stage")
     search_fields = ("name", "checkpoint_uri")
-    raw_id_fields = ("parent", "created_by")
+    raw_id_fields = ("parent", "created_by", "iteration")
+    filter_horizontal = ("dataset_versions",)
     formfield_overrides = {models.URLField: {"assume_scheme": "https"}}  # Django 6's default, without the warning
 
 
@@ -34,3 +35,10 @@ class ValidationAdmin(admin.ModelAdmin):
     list_display = ("iteration", "trajectory", "v", "route", "reason")
     list_filter = ("route",)
     raw_id_fields = ("iteration", "trajectory")
+
+
+@admin.register(ModelPromotion)
+class ModelPromotionAdmin(admin.ModelAdmin):
+    list_display = ("created_at", "action", "from_model", "to_model", "by", "forced", "reason")
+    list_filter = ("action", "forced")
+    raw_id_fields = ("from_model", "to_model", "by")

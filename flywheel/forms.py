@@ -1,4 +1,4 @@
-"""The ML engineer's form for starting an iteration (the page's twin of POST /api/flywheel/iterations/)."""
+"""The ML engineer's forms: start an iteration (the twin of POST /api/flywheel/iterations/) and register a model."""
 
 from __future__ import annotations
 
@@ -13,6 +13,10 @@ from .iterations import COORDINATES
 from .models import AVAILABLE_STAGES, Iteration, ModelVersion, Stage
 from .validation import VConfig
 
+TRAINING_STAGES = {Stage.CT, Stage.SFT, Stage.VALUE, Stage.PPO}
+PROMOTE_CHOICES = [("manual", "No: I promote by hand"), ("auto", "Yes, when it beats the active model")]
+PRESETS = [("tiny-cpu", "tiny-cpu (the CPU demonstration)"), ("default", "default (the trainer's defaults)")]
+
 
 class IterationForm(forms.Form):
     base_model = forms.ModelChoiceField(queryset=ModelVersion.objects.all(), required=False, empty_label="(none)")
@@ -24,9 +28,18 @@ class IterationForm(forms.Form):
     date_from = forms.DateTimeField(required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
     date_to = forms.DateTimeField(required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
     stages = forms.MultipleChoiceField(
-        choices=[(s.value, s.label) for s in AVAILABLE_STAGES],
-        initial=[s.value for s in AVAILABLE_STAGES],
+        choices=lambda: [(s.value, _stage_label(s)) for s in Stage],
+        initial=[Stage.VALIDATE.value, Stage.EXPORT.value],
         widget=forms.CheckboxSelectMultiple,
+    )
+    promote = forms.ChoiceField(
+        choices=PROMOTE_CHOICES,
+        initial="manual",
+        required=False,
+        help_text="After the evaluation stage: promote the new model when it beats the active one.",
+    )
+    preset = forms.ChoiceField(
+        choices=PRESETS, initial="tiny-cpu", required=False, label="Trainer preset", help_text="For training stages."
     )
     threshold = forms.FloatField(min_value=0.0, max_value=1.0, initial=VConfig().threshold, help_text="V ≥ this: SFT.")
     coordinates = forms.ChoiceField(choices=[(c, c) for c in COORDINATES], initial="absolute")
@@ -55,8 +68,39 @@ class IterationForm(forms.Form):
         return value
 
     def config(self) -> dict[str, Any]:
-        v = {**self.cleaned_data["v_config"], "threshold": self.cleaned_data["threshold"]}
-        return {"v": v, "export": {"coordinates": self.cleaned_data["coordinates"]}}
+        """The iteration's config; `train` only with a training stage, `promote` only with the evaluation stage."""
+        data = self.cleaned_data
+        config: dict[str, Any] = {
+            "v": {**data["v_config"], "threshold": data["threshold"]},
+            "export": {"coordinates": data["coordinates"]},
+        }
+        if set(data["stages"]) & TRAINING_STAGES:
+            config["train"] = {"preset": data["preset"] or "tiny-cpu"}
+        if Stage.EVALUATE in data["stages"]:
+            config["promote"] = data["promote"] or "manual"
+        return config
 
 
-UNAVAILABLE_STAGES = [s for s in Stage if s not in AVAILABLE_STAGES]
+class RegisterModelForm(forms.Form):
+    """Register a model trained or served elsewhere (the page's twin of POST /api/flywheel/models/)."""
+
+    name = forms.CharField(max_length=100)
+    checkpoint_uri = forms.CharField(max_length=500, label="Checkpoint", help_text="Path or URI of the weights.")
+    endpoint_url = forms.URLField(
+        required=False, assume_scheme="http", label="Endpoint", help_text="OpenAI-compatible base URL, e.g. …/v1."
+    )
+    served_name = forms.CharField(max_length=200, required=False, help_text="The name the endpoint serves it under.")
+    parent = forms.ModelChoiceField(queryset=ModelVersion.objects.all(), required=False, empty_label="(none)")
+    notes = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
+
+
+def _stage_label(stage: Stage) -> str:
+    return stage.label if stage in AVAILABLE_STAGES else f"{stage.label} (not available yet)"
+
+
+def unavailable_stages() -> list[Stage]:
+    """The stages this build lists but refuses to run."""
+    return [s for s in Stage if s not in AVAILABLE_STAGES]
+
+
+UNAVAILABLE_STAGES = unavailable_stages()

@@ -52,7 +52,8 @@ def serve_command(name: str, checkpoint: str) -> str:
 
 def load_into_embedded_server(name: str, checkpoint: str, timeout_s: float | None = None) -> str | None:
     """Ask the embedded policy server to load `checkpoint` as `name` (POST {EMBEDDED_POLICY_URL}/models/load); None
-    when it answered 200, else why not. Never raises: a model that cannot be loaded is still registered."""
+    when it did (2xx, or 409 with the name already served), else why not. Never raises: a model that cannot be
+    loaded is still registered."""
     url = settings.EMBEDDED_POLICY_URL.rstrip("/") + "/models/load"
     headers = {"Authorization": f"Bearer {settings.POLICY_API_KEY}"} if settings.POLICY_API_KEY else {}
     timeout = settings.POLICY_TIMEOUT_S if timeout_s is None else timeout_s
@@ -60,9 +61,19 @@ def load_into_embedded_server(name: str, checkpoint: str, timeout_s: float | Non
         response = httpx.post(url, json={"model": name, "checkpoint": checkpoint}, headers=headers, timeout=timeout)
     except httpx.HTTPError as exc:
         return f"the embedded policy server did not answer POST {url} ({exc or type(exc).__name__})"
-    if response.status_code != 200:
-        return f"the embedded policy server answered {response.status_code} to POST {url}: {response.text[:300]}"
-    return None
+    if response.is_success:
+        return None
+    if response.status_code == 409 and _lists(name, headers, timeout):  # loaded already (an earlier run)
+        return None
+    return f"the embedded policy server answered {response.status_code} to POST {url}: {response.text[:300]}"
+
+
+def _lists(name: str, headers: dict[str, str], timeout: float) -> bool:
+    try:
+        response = httpx.get(settings.EMBEDDED_POLICY_URL.rstrip("/") + "/models", headers=headers, timeout=timeout)
+        return name in {str(m.get("id")) for m in response.json().get("data", [])}
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return False
 
 
 def _free_name(wanted: str) -> str:

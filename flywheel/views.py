@@ -21,10 +21,14 @@ from django.views.decorators.http import require_GET, require_POST
 from annotation_app.models import Trajectory
 from annotation_app.permissions import Capability, can, requires
 
-from .forms import UNAVAILABLE_STAGES, IterationForm
+from .forms import IterationForm, RegisterModelForm, unavailable_stages
 from .iterations import IterationError, cancel_iteration, route_counts_by, routing_summary, start_iteration
-from .models import DatasetVersion, Iteration, ModelVersion, Route
+from .models import DatasetVersion, Iteration, ModelPromotion, ModelVersion, Route
 from .permissions import RUN, can_read, can_run
+from .registry import NotServable, RegistryError, register_by_hand
+from .registry import demote as registry_demote
+from .registry import promote as registry_promote
+from .registry import rollback as registry_rollback
 from .serving import serving_problem
 
 
@@ -67,7 +71,7 @@ def _overview(request: HttpRequest, form: IterationForm, status: int = 200) -> H
         table[mode][state] = n
     iterations = list(Iteration.objects.select_related("started_by", "base_model")[:20])
     context = {
-        "models": ModelVersion.objects.annotate(trajectory_count=Count("trajectories"))[:50],
+        "models": ModelVersion.objects.select_related("parent").annotate(trajectory_count=Count("trajectories"))[:50],
         "table": [
             (Trajectory.Mode(mode).label, [row[s] for s in Trajectory.Status.values]) for mode, row in table.items()
         ],
@@ -75,7 +79,7 @@ def _overview(request: HttpRequest, form: IterationForm, status: int = 200) -> H
         "can_promote": can(request.user, Capability.MANAGE_MODELS),
         "can_run": can_run(request.user),
         "form": form,
-        "unavailable": UNAVAILABLE_STAGES,
+        "unavailable": unavailable_stages(),
         "iterations": iterations,
         "busy": any(not i.finished for i in iterations),
         "versions": DatasetVersion.objects.select_related("parent", "iteration")[:20],
@@ -165,15 +169,142 @@ def dataset_file(request: HttpRequest, pk: int, path: str) -> FileResponse:
     return FileResponse(default_storage.open(name, "rb"), as_attachment=True, filename=path)
 
 
+# --- the model registry ----------------------------------------------------------------------------------------------
+
+
+def _registry_context(request: HttpRequest) -> dict[str, Any]:
+    models = list(
+        ModelVersion.objects.select_related("parent", "iteration", "created_by")
+        .prefetch_related("dataset_versions")
+        .annotate(trajectory_count=Count("trajectories"))
+    )
+    active = next((m for m in models if m.is_active), None)
+    history = list(ModelPromotion.objects.select_related("from_model", "to_model", "by")[:200])
+    for model in models:
+        model.history = [h for h in history if model.pk in (h.from_model_id, h.to_model_id)]
+        model.can_roll_back = rollback_target(model, active, history)
+    return {
+        "models": models,
+        "active": active,
+        "history": history[:50],
+        "can_manage": can(request.user, Capability.MANAGE_MODELS),
+    }
+
+
+def rollback_target(model: ModelVersion, active: ModelVersion | None, history: list[ModelPromotion]) -> bool:
+    """Whether the page offers 'Roll back' to `model`: an earlier model than the active one, or one active before."""
+    if active is None or model.pk == active.pk:
+        return False
+    return (model.created_at, model.pk) < (active.created_at, active.pk) or any(
+        h.to_model_id == model.pk for h in history
+    )
+
+
+def _registry_panel(request: HttpRequest, *, error: str = "", done: str = "", status: int = 200) -> HttpResponse:
+    context = {**_registry_context(request), "error": error, "done": done}
+    return render(request, "flywheel/_registry.html", context, status=status)
+
+
+def _registry_answer(request: HttpRequest, *, error: str = "", done: str = "", status: int = 200) -> HttpResponse:
+    """htmx: the registry panel with the outcome (a 4xx carries the reason); a plain form post: back to the page."""
+    if request.htmx:
+        return _registry_panel(request, error=error, done=done, status=status if error else 200)
+    if error:
+        messages.error(request, error)
+    else:
+        messages.success(request, done)
+    return redirect("flywheel-models")
+
+
+@require_GET
+@reads_stores
+def registry(request: HttpRequest) -> HttpResponse:
+    """Every model with its lineage, evaluation, endpoint, serve command and promotion history."""
+    if request.htmx and request.GET.get("panel") == "registry":
+        return _registry_panel(request)
+    context = {**_registry_context(request), "register_form": RegisterModelForm()}
+    return render(request, "flywheel/registry.html", context)
+
+
+@require_GET
+@reads_stores
+def model_health(request: HttpRequest, pk: int) -> HttpResponse:
+    """Whether the model's endpoint serves it now (loaded into the registry page after it is drawn)."""
+    model = get_object_or_404(ModelVersion, pk=pk)
+    return render(request, "flywheel/_health.html", {"model": model, "problem": serving_problem(model)})
+
+
+@require_POST
+@requires(RUN)
+def register(request: HttpRequest) -> HttpResponse:
+    form = RegisterModelForm(request.POST)
+    model = None
+    if form.is_valid():
+        data = form.cleaned_data
+        try:
+            model = register_by_hand(request.user, **data)
+        except RegistryError as exc:
+            form.add_error(None, str(exc))
+    if model is None:
+        if request.htmx:
+            return render(request, "flywheel/_register.html", {"register_form": form}, status=400)
+        context = {**_registry_context(request), "register_form": form}
+        return render(request, "flywheel/registry.html", context, status=400)
+    done = f"{model.name} is registered."
+    if request.htmx:
+        response = render(request, "flywheel/_register.html", {"register_form": RegisterModelForm(), "done": done})
+        response["HX-Trigger"] = "registry-changed"
+        return response
+    messages.success(request, done)
+    return redirect("flywheel-models")
+
+
+def _change(request: HttpRequest, change: Callable[[], str]) -> HttpResponse:
+    try:
+        done = change()
+    except NotServable as exc:
+        return _registry_answer(request, error=f"{exc}. Tick 'even if it cannot serve' to force it.", status=409)
+    except RegistryError as exc:
+        return _registry_answer(request, error=str(exc), status=409)
+    return _registry_answer(request, done=done)
+
+
 @require_POST
 @requires(Capability.MANAGE_MODELS)
 def promote(request: HttpRequest, pk: int) -> HttpResponse:
     """Make the model the annotation model, once its endpoint answers; `force` promotes it anyway."""
     model = get_object_or_404(ModelVersion, pk=pk)
-    problem = None if request.POST.get("force") else serving_problem(model)
-    if problem:
-        messages.error(request, f"{model.name} was not promoted: {problem}. Tick 'even if it cannot serve' to force.")
-    else:
-        model.promote()
-        messages.success(request, f"{model.name} is now the annotation model.")
-    return redirect("flywheel")
+    force, reason = bool(request.POST.get("force")), request.POST.get("reason", "").strip()
+
+    def change() -> str:
+        registry_promote(model, by=request.user, force=force, reason=reason)
+        return f"{model.name} is now the annotation model."
+
+    return _change(request, change)
+
+
+@require_POST
+@requires(Capability.MANAGE_MODELS)
+def rollback(request: HttpRequest, pk: int) -> HttpResponse:
+    """Go back to an earlier model (promote it, recorded as a rollback)."""
+    model = get_object_or_404(ModelVersion, pk=pk)
+    force, reason = bool(request.POST.get("force")), request.POST.get("reason", "").strip()
+
+    def change() -> str:
+        registry_rollback(model, by=request.user, force=force, reason=reason)
+        return f"Rolled back: {model.name} is the annotation model again."
+
+    return _change(request, change)
+
+
+@require_POST
+@requires(Capability.MANAGE_MODELS)
+def demote(request: HttpRequest) -> HttpResponse:
+    """Leave no model active."""
+    reason = request.POST.get("reason", "").strip()
+
+    def change() -> str:
+        record = registry_demote(by=request.user, reason=reason)
+        return f"{record.from_model} is no longer the annotation model; none is active."
+
+    return _change(request, change)
