@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import signal
 import sys
 import typing
 from pathlib import Path
@@ -17,6 +18,22 @@ from training.rewards import Shaping
 from training.sft import SFTConfig, train_sft
 
 NESTED = {"lora": LoraSettings, "shaping": Shaping}
+EVAL_OPTIONS = (
+    "episodes",
+    "seed",
+    "temperature",
+    "max_new_tokens",
+    "max_turns",
+    "tasks",
+    "sandbox_url",
+    "sandbox_api_key",
+    "base_url",
+    "served_model",
+    "api_key",
+    "success_threshold",
+    "concurrency",
+    "out",
+)
 
 
 def add_dataclass_options(parser: argparse.ArgumentParser, cls: type, prefix: str = "") -> None:
@@ -73,13 +90,24 @@ def main(argv: list[str] | None = None) -> int:
         sub = stages.add_parser(name, help=text)
         add_dataclass_options(sub, cls)
 
-    evaluate = stages.add_parser("eval", help="mean return of a checkpoint on a built-in environment")
-    evaluate.add_argument("--model", required=True)
-    evaluate.add_argument("--env", default="copy")
+    evaluate = stages.add_parser("eval", help="success rate (Wilson 95 %% interval) and mean return of a model on a "
+                                 "built-in environment or on sandbox tasks; prints one JSON object")  # fmt: skip
+    evaluate.add_argument("--model", required=True, help="checkpoint directory (or, with --base-url, a label)")
+    evaluate.add_argument("--env", default="copy", help='"copy", "guess", or "sandbox[:max_steps=8]" with --tasks')
     evaluate.add_argument("--episodes", type=int, default=64)
-    evaluate.add_argument("--seed", type=int, default=1_000_000)
+    evaluate.add_argument("--seed", type=int, default=1_000_000, help="first seed; task n mod count")
     evaluate.add_argument("--temperature", type=float, default=0.0)
     evaluate.add_argument("--max-new-tokens", type=int, default=32)
+    evaluate.add_argument("--max-turns", type=int, default=32)
+    evaluate.add_argument("--tasks", default="", help="sandbox: JSON list or JSONL of OSWorld-format tasks")
+    evaluate.add_argument("--sandbox-url", default="", help="default: $SANDBOX_URL, else http://127.0.0.1:8010")
+    evaluate.add_argument("--sandbox-api-key", default="", help="default: $SANDBOX_API_KEY")
+    evaluate.add_argument("--base-url", default="", help="play through this OpenAI-compatible endpoint (…/v1)")
+    evaluate.add_argument("--served-model", default="", help="the model's name at --base-url (default: --model)")
+    evaluate.add_argument("--api-key", default="", help="the endpoint's API key")
+    evaluate.add_argument("--success-threshold", type=float, default=1.0, help="success: score at least this")
+    evaluate.add_argument("--concurrency", type=int, default=4, help="episodes at once (sandbox, --base-url)")
+    evaluate.add_argument("--out", default="", help="screenshots and episodes.jsonl (sandbox: default a temp dir)")
 
     plot = stages.add_parser("plot", help="draw metrics.jsonl curves to a PNG")
     plot.add_argument("run", type=Path, help="a run directory or its metrics.jsonl")
@@ -87,6 +115,20 @@ def main(argv: list[str] | None = None) -> int:
     plot.add_argument("--keys", nargs="+", default=["reward", "entropy", "explained_variance"])
 
     args = parser.parse_args(argv)
+    # Stopped by a supervisor (Celery revoking the stage): unwind like Ctrl-C, so sandbox sessions are given back.
+    signal.signal(signal.SIGTERM, _interrupted)
+    try:
+        return run(args)
+    except ValueError as exc:  # a bad option or input file: its message, not a traceback
+        parser.exit(2, f"error: {exc}\n")
+
+
+def _interrupted(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the chosen stage; its result is printed as one JSON line (or a path)."""
     if args.stage == "tiny":
         from training.policy.tiny import build_tiny_checkpoint, build_tiny_text_checkpoint
 
@@ -107,9 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.stage == "eval":
         from training.evaluate import evaluate_checkpoint
 
-        result = evaluate_checkpoint(args.model, args.env, episodes=args.episodes, seed=args.seed,
-                                     temperature=args.temperature, max_new_tokens=args.max_new_tokens)  # fmt: skip
-        print(json.dumps(result))
+        options = {k: getattr(args, k) for k in EVAL_OPTIONS}
+        print(json.dumps(evaluate_checkpoint(args.model, args.env, **options)))
     elif args.stage == "plot":
         from training.metrics import plot as draw
 

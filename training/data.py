@@ -160,6 +160,17 @@ class Renderer:
         """Token ids of the conversation so far plus the assistant header: what the policy continues."""
         return self._encode(self.template(messages, generation_prompt=True))
 
+    def prompt_inputs(self, messages: list[dict[str, Any]], base_dir: str | Path = ".") -> dict[str, Any]:
+        """What the policy continues, images included: `input_ids` (image pads expanded, as the model sees them) and,
+        when the conversation has images (paths relative to `base_dir`), `pixel_values` and `image_grid_thw`."""
+        images = self._load_images(_image_paths(messages), Path(base_dir), "the conversation")
+        ids, _ = self._expand_images(self.prompt_ids(messages), images["grids"], 0)
+        out: dict[str, Any] = {"input_ids": ids}
+        if images["pixel_values"]:
+            out["pixel_values"] = torch.cat(images["pixel_values"])
+            out["image_grid_thw"] = torch.cat(images["grids"])
+        return out
+
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
 
@@ -217,16 +228,18 @@ class Renderer:
         )
 
     def _images(self, episode: Episode) -> dict[str, list[torch.Tensor]]:
+        base = Path(episode.meta.get("base_dir", "."))
+        return self._load_images(_image_paths(episode.messages), base, f"episode {episode.id!r}")
+
+    def _load_images(self, paths: list[str], base: Path, what: str) -> dict[str, list[torch.Tensor]]:
+        """Pixel values and grids of images given by paths relative to `base`, in order."""
         found: dict[str, list[torch.Tensor]] = {"pixel_values": [], "grids": []}
-        parts = [p for m in episode.messages if isinstance(m["content"], list) for p in m["content"]]
-        paths = [p["image"] for p in parts if p["type"] == "image"]
         if not paths:
             return found
         if self.image_processor is None:
-            raise EpisodeFormatError(f"episode {episode.id!r} has images but the checkpoint has no image processor")
+            raise EpisodeFormatError(f"{what} has images but the checkpoint has no image processor")
         from PIL import Image
 
-        base = Path(episode.meta.get("base_dir", "."))
         for relative in paths:
             with Image.open(base / relative) as image:
                 out = self.image_processor(images=[image.convert("RGB")], return_tensors="pt")
@@ -247,6 +260,11 @@ class Renderer:
             else:
                 out.append(token)
         return out, index
+
+
+def _image_paths(messages: list[dict[str, Any]]) -> list[str]:
+    parts = [p for m in messages if isinstance(m["content"], list) for p in m["content"]]
+    return [p["image"] for p in parts if p["type"] == "image"]
 
 
 def _template_content(content: str | list[dict[str, Any]]) -> str | list[dict[str, Any]]:

@@ -4,15 +4,18 @@ policy's reply and answers with an observation message, a per-turn reward and wh
 
 from __future__ import annotations
 
+import json
+import os
 import random
 import re
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from sandbox.actions import TERMINAL_ACTIONS, ActionSyntaxError, format_actions, parse_step
-from sandbox.client import ActionError, SandboxError
+from sandbox.client import ActionError, NoCapacityError, SandboxClient, SandboxError
 
 
 @dataclass
@@ -147,8 +150,10 @@ class SandboxEnv:
     "Thought: … Action: …" step executed by the sandbox service, the observation is the new screenshot (saved under
     `image_dir`, referenced by relative path as the episode format wants). `finished()`, `call_user()` and `fail()`
     end the episode and the task's evaluator scores it, told the last action: OSWorld's infeasible tasks score 1
-    only for `fail()`, and `fail()` scores 0 on any other task. An evaluator that can't run scores 0 and its error
-    is recorded in the turn's info (`evaluator_error`), so one bad task never ends a rollout batch.
+    only for `fail()`, and `fail()` scores 0 on any other task. Out of steps (`max_steps`), the final state is scored
+    too (as OSWorld's runner does), with no last action and `truncated` in the info. An evaluator that can't run
+    scores 0 and its error is recorded in the turn's info (`evaluator_error`), so one bad task never ends a rollout
+    batch; the info's `score` is the evaluator's alone.
     A reply that does not parse, or whose action the sandbox refuses, costs `format_penalty` and leaves the screen
     as it was."""
 
@@ -196,7 +201,7 @@ class SandboxEnv:
             return self._refused(str(exc))
         end = next((n for n, a in enumerate(actions) if a.name in TERMINAL_ACTIONS), None)
         if end is None and self._steps >= self.max_steps:
-            return Feedback(None, 0.0, True, {"steps": self._steps, "truncated": True})
+            return self._finish(None)
         run = actions if end is None else actions[:end]  # what comes before the episode's end still happens
         try:
             result = self.client.step(self.session, format_actions(run), observe=end is None) if run else None
@@ -208,13 +213,21 @@ class SandboxEnv:
 
     def _refused(self, error: str) -> Feedback:
         """A reply that did not parse or run: the format penalty, and the same screen again."""
-        done = self._steps >= self.max_steps
-        observation = None if done else self._observation(self.client.observe(self.session))
-        return Feedback(observation, self.format_penalty, done, {"error": error})
+        if self._steps >= self.max_steps:  # out of steps: the final state is still scored, as OSWorld does
+            ended = self._finish(None)
+            ended.reward += self.format_penalty
+            ended.info["error"] = error
+            return ended
+        observation = self._observation(self.client.observe(self.session))
+        return Feedback(observation, self.format_penalty, False, {"error": error})
 
-    def _finish(self, last_action: str) -> Feedback:
-        """The episode ends with `last_action`: the evaluator scores it; an evaluator error is recorded, scoring 0."""
+    def _finish(self, last_action: str | None) -> Feedback:
+        """The episode ends with `last_action` (None: out of steps, `truncated`): the evaluator scores the final
+        state, as OSWorld's runner does after its step limit too; an evaluator error is recorded, scoring 0. The
+        score is also in the info (`score`), apart from any format penalty of that turn."""
         info: dict[str, Any] = {"steps": self._steps, "last_action": last_action}
+        if last_action is None:
+            info["truncated"] = True
         evaluator = self.task.get("evaluator")
         try:
             if not evaluator:
@@ -222,12 +235,181 @@ class SandboxEnv:
             score = float(self.client.evaluate(self.session, evaluator, last_action=last_action))
         except (SandboxError, ValueError) as exc:
             score, info["evaluator_error"] = 0.0, str(exc)
+        info["score"] = score
         return Feedback(None, score, True, info)
 
     def close(self) -> None:
         if self.session is not None:
             self.client.release(self.session)
             self.session = None
+
+
+class SandboxTaskEnv(SandboxEnv):
+    """`SandboxEnv` over a list of tasks: seed n plays task n mod len(tasks). Each episode's session is released as
+    soon as the episode ends, and `close()` from another thread (a trainer stopping, Ctrl-C) releases the session in
+    use and refuses any later `reset`, so no lease outlives the run. Owns its sandbox client."""
+
+    def __init__(self, client: Any, tasks: list[dict[str, Any]], image_dir: Path, *, capacity_wait_s: float = 300,
+                 **options: Any):  # fmt: skip
+        if not tasks:
+            raise ValueError("no sandbox tasks to play")
+        super().__init__(client, tasks[0], image_dir, **options)
+        self.capacity_wait_s = capacity_wait_s
+        self.tasks = tasks
+        self.meta: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def reset(self, seed: int) -> list[dict[str, Any]]:
+        from training.policy.prompts import COMPUTER_USE
+
+        self.release()
+        self.task = self.tasks[seed % len(self.tasks)]
+        self.system = COMPUTER_USE.format(language="English", instruction=self.task["instruction"])
+        self.meta = {"task_id": self.task["id"], "base_dir": str(self.image_dir.parent)}
+        self._allocate()
+        self.client.setup(self.session, self.task.get("config", []))
+        self._steps = 0
+        self._prefix = f"{_file_safe(self.task['id'])}-{seed}"
+        return [{"role": "user", "content": self.system}, self._observation(self.client.observe(self.session))]
+
+    def _allocate(self) -> None:
+        """Lease a new session, waiting (up to `capacity_wait_s`) while the service is full; never after `close()`
+        (the lock makes a concurrent `close` see the new session and give it back)."""
+        deadline = time.monotonic() + self.capacity_wait_s
+        while True:
+            with self._lock:
+                if self._closed:
+                    raise RuntimeError("the sandbox environment is closed")
+                try:
+                    self.session = str(self.client.allocate(ttl_s=self.ttl_s)["session_id"])
+                    return
+                except NoCapacityError:
+                    if time.monotonic() >= deadline:
+                        raise
+            time.sleep(1.0)
+
+    def step(self, reply: str) -> Feedback:
+        if self.session is None:
+            raise RuntimeError("the sandbox session was released (the environment is closing)")
+        feedback = super().step(reply)
+        if feedback.done:
+            self.release()
+        return feedback
+
+    def release(self) -> None:
+        """Give the current session back, if any (idempotent, thread-safe)."""
+        with self._lock:
+            session, self.session = self.session, None
+        if session is not None:
+            try:
+                self.client.release(session)
+            except SandboxError:  # already gone (expired or reclaimed): nothing left to give back
+                pass
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+        self.release()
+        self.client.close()
+
+
+def _file_safe(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", str(text))[:80] or "task"
+
+
+def load_tasks(path: str | Path) -> list[dict[str, Any]]:
+    """OSWorld-format tasks (`id`, `instruction`, `config`, `evaluator`) from a JSON list, a JSON object with a
+    `tasks` list, or JSON Lines; the platform's own field names (`external_id`, `setup_config`) are accepted too.
+    A bad file or record raises ValueError naming it, before any session is leased."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"cannot read the task file {path}: {exc.strerror or exc}") from None
+    records: Any
+    try:
+        whole = json.loads(text.lstrip("\ufeff"))
+        records = whole.get("tasks", [whole]) if isinstance(whole, dict) else whole
+    except json.JSONDecodeError:  # JSON Lines
+        records = []
+        for number, line in enumerate(text.splitlines(), start=1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path}:{number}: not JSON ({exc.msg})") from None
+    if not isinstance(records, list) or not records:
+        raise ValueError(f"{path}: no tasks in the file")
+    return [_task(record, f"{path}: task {n}") for n, record in enumerate(records)]
+
+
+def _task(record: Any, where: str) -> dict[str, Any]:
+    """One task in OSWorld's field names, checked."""
+    if not isinstance(record, dict):
+        raise ValueError(f"{where}: a task is a JSON object")
+    task_id = record.get("id", record.get("external_id"))
+    if task_id in (None, ""):
+        raise ValueError(f"{where}: 'id' is missing")
+    instruction = record.get("instruction")
+    if not isinstance(instruction, str) or not instruction.strip():
+        raise ValueError(f"{where} ({task_id}): 'instruction' must be a non-empty string")
+    config = record.get("config", record.get("setup_config", []))
+    if not isinstance(config, list):
+        raise ValueError(f"{where} ({task_id}): 'config' must be a list of setup steps")
+    evaluator = record.get("evaluator")
+    if not isinstance(evaluator, dict) or not evaluator:
+        raise ValueError(f"{where} ({task_id}): 'evaluator' must be an OSWorld evaluator object (a verifiable task)")
+    return {**record, "id": str(task_id), "instruction": instruction, "config": config, "evaluator": evaluator}
+
+
+@dataclass
+class SandboxSettings:
+    """Where a sandbox environment's sessions come from and what it plays."""
+
+    tasks: list[dict[str, Any]]
+    url: str
+    api_key: str
+    image_dir: Path
+    owner: str = "trainer"
+
+
+def sandbox_url(url: str = "") -> str:
+    """The sandbox service to use: `url`, else $SANDBOX_URL, else the local default."""
+    return url or os.environ.get("SANDBOX_URL") or "http://127.0.0.1:8010"
+
+
+def sandbox_api_key(key: str = "") -> str:
+    """The sandbox service's API key: `key`, else $SANDBOX_API_KEY."""
+    return key or os.environ.get("SANDBOX_API_KEY", "")
+
+
+def make_sandbox_env(spec: str, settings: SandboxSettings) -> SandboxTaskEnv:
+    """A sandbox environment from a spec such as "sandbox" or "sandbox:max_steps=8,format_penalty=-0.1" (options:
+    max_steps, format_penalty, ttl_s of a session's lease, capacity_wait_s for a free session)."""
+    name, _, options = spec.partition(":")
+    if name != "sandbox":
+        raise ValueError(f"not a sandbox environment spec: {spec!r}")
+    kwargs = _options(options, {"max_steps": int, "format_penalty": float, "ttl_s": float, "capacity_wait_s": float})
+    client = SandboxClient(settings.url, settings.api_key, owner=settings.owner)
+    return SandboxTaskEnv(client, settings.tasks, settings.image_dir, **kwargs)
+
+
+def _options(text: str, known: dict[str, type]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in filter(None, text.split(",")):
+        key, _, value = item.partition("=")
+        if key not in known:
+            raise ValueError(f"unknown sandbox option {key!r} (known: {', '.join(known)})")
+        try:
+            out[key] = known[key](value)
+        except ValueError:
+            raise ValueError(f"sandbox option {key} must be a {known[key].__name__}, not {value!r}") from None
+    return out
+
+
+def is_sandbox(spec: str) -> bool:
+    return spec.partition(":")[0] == "sandbox"
 
 
 TEXT_ENVS = {"copy": CopyEnv, "guess": GuessEnv}

@@ -13,6 +13,7 @@ import copy
 import itertools
 import math
 import time
+import weakref
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,7 +24,9 @@ from tqdm import tqdm
 
 from training import algos, checkpoints, dist, packing
 from training.data import Episode, Renderer, collate
-from training.envs import make_text_env
+from training.envs import Env, SandboxSettings, is_sandbox, load_tasks, make_sandbox_env, make_text_env
+from training.envs import sandbox_api_key as default_api_key
+from training.envs import sandbox_url as default_url
 from training.metrics import MetricsLogger
 from training.models import Critic, LoraSettings, load_actor, load_tokenizer, model_inputs, save_actor, token_log_probs
 from training.rewards import Shaping
@@ -36,7 +39,10 @@ class PPOConfig:
 
     model: str  # actor checkpoint (usually the SFT result)
     out: str  # run directory
-    env: str = "copy"  # built-in environment spec, e.g. "copy:turns=3" (training.envs.make_text_env)
+    env: str = "copy"  # "copy:turns=3", "guess" (training.envs.make_text_env) or "sandbox[:max_steps=8]" (tasks)
+    tasks: str = ""  # --env sandbox: task file (JSON list or JSONL of OSWorld tasks); seed n plays task n mod count
+    sandbox_url: str = ""  # --env sandbox: the sandbox service ("" = $SANDBOX_URL, else http://127.0.0.1:8010)
+    sandbox_api_key: str = ""  # --env sandbox: its API key ("" = $SANDBOX_API_KEY)
     critic: str = ""  # critic checkpoint (a value-pretraining result); "" = the actor's backbone with a zero head
     # rollouts
     episodes_per_step: int = 32  # episodes per update (per rank)
@@ -56,6 +62,7 @@ class PPOConfig:
     minibatches: int = 1  # optimizer steps per epoch (each over 1/minibatches of the batch)
     grad_clip: float = 1.0
     pack: bool = True  # padding-free forward passes: sequences share rows (training.packing); text-only batches
+    max_length: int = 32768  # tokens per rendered episode (screenshots count: ~1.3k tokens each at 1288×812)
     # advantages
     advantage: str = "gae"  # "gae" (actor-critic), "grpo" or "pass_at_k" (critic-free, per group)
     gamma: float = 1.0
@@ -94,6 +101,10 @@ class PPOConfig:
             raise ValueError("kl_in must be 'reward' or 'loss'")
         if self.advantage == "pass_at_k" and self.group_size < self.pass_k:
             raise ValueError(f"pass_at_k needs group_size ≥ pass_k ({self.group_size} < {self.pass_k})")
+        if is_sandbox(self.env) and not self.tasks:
+            raise ValueError("--env sandbox needs --tasks FILE (a JSON list or JSONL of OSWorld-format tasks)")
+        if is_sandbox(self.env) and self.minibatches != 1:
+            raise ValueError("episodes with images train with minibatches=1 (image rows cannot be split yet)")
 
 
 class PPOTrainer:
@@ -107,7 +118,7 @@ class PPOTrainer:
         self.device = dist.device()
         self.out = Path(cfg.out)
         self.tokenizer, self.processor = load_tokenizer(cfg.model)
-        self.renderer = Renderer(self.tokenizer, image_processor=self.processor)
+        self.renderer = Renderer(self.tokenizer, image_processor=self.processor, max_length=cfg.max_length)
         self.actor = load_actor(cfg.model, cfg.lora).to(self.device)
         self.train_actor = train_actor
         self.critic = None
@@ -126,6 +137,14 @@ class PPOTrainer:
             self.optimizers["critic"] = adamw(self.critic.parameters(), cfg.critic_lr)
         sampling = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p)
         self.policy = LocalPolicy(self.actor, self.renderer, sampling, max_batch=max(cfg.concurrency, 1))
+        self.policy.base_dir = self.out  # screenshots are saved under the run directory, named relative to it
+        self.sandbox: SandboxSettings | None = None
+        if is_sandbox(cfg.env):  # the task file is read (and checked) before anything is leased
+            self.sandbox = SandboxSettings(load_tasks(cfg.tasks), default_url(cfg.sandbox_url),
+                                           default_api_key(cfg.sandbox_api_key), self.out / "images",
+                                           owner=f"trainer:{self.out.name}")  # fmt: skip
+            make_sandbox_env(cfg.env, self.sandbox).close()  # a bad spec fails here, not in every rollout thread
+        self._envs: weakref.WeakSet[Any] = weakref.WeakSet()
         self.version = 0
         self._seed_counter = itertools.count(self.rank, self.world)
         self.pack = packing.usable(cfg.pack, self.actor, len(self.tokenizer))
@@ -137,8 +156,24 @@ class PPOTrainer:
         group = self.cfg.group_size
         return (s for s in self._seed_counter for _ in range(group))
 
-    def env_factory(self) -> Any:
-        return make_text_env(self.cfg.env)
+    def env_factory(self) -> Env:
+        """A new environment of the run's kind; sandbox ones are remembered so `close_envs` can release them."""
+        if self.sandbox is None:
+            return make_text_env(self.cfg.env)
+        env = make_sandbox_env(self.cfg.env, self.sandbox)
+        self._envs.add(env)
+        return env
+
+    def close_envs(self) -> None:
+        """Close every environment still open: each gives its sandbox session back (Ctrl-C, errors, normal end)."""
+        for env in list(self._envs):
+            env.close()
+
+    def concurrency(self) -> int:
+        """Episodes in flight: sandbox sessions are scarce, so no more than one update's worth of them."""
+        if self.sandbox is None:
+            return self.cfg.concurrency
+        return max(1, min(self.cfg.concurrency, self.cfg.episodes_per_step))
 
     # --- the batch -------------------------------------------------------------------------------------------------
 
@@ -191,6 +226,7 @@ class PPOTrainer:
             advantages = (advantages - advantages[m].mean()) / (advantages[m].std() + 1e-8) * mask
         batch.update(rewards=rewards, values=values, advantages=advantages, returns=returns, kl=kl)
         turns = [e.turns for e in episodes]
+        scores = [e.meta["info"]["score"] for e in episodes if "score" in e.meta.get("info", {})]
         lengths = [int(s.loss_mask.sum()) for s in samples]
         batch["stats"] = {
             "reward": sum(episode_return(e) for e in episodes) / len(episodes),
@@ -201,6 +237,8 @@ class PPOTrainer:
             **{f"shaping_{k}": sum(s[k] for s in shaped) / len(shaped) for k in shaped[0]},
             "kl": float((kl * mask).sum() / mask.sum().clamp(min=1)),
         }
+        if scores:  # sandbox tasks: the share the evaluator passed
+            batch["stats"]["success_rate"] = sum(1 for s in scores if s >= 1.0) / len(scores)
         return batch
 
     def _packing(self, batch: dict[str, Any]) -> packing.Packing | None:
@@ -324,7 +362,7 @@ class PPOTrainer:
         pool = None
         if cfg.streaming:
             pool = RolloutPool(self.env_factory, self.policy, batch_size=cfg.episodes_per_step,
-                               concurrency=cfg.concurrency, max_staleness=cfg.max_staleness,
+                               concurrency=self.concurrency(), max_staleness=cfg.max_staleness,
                                max_turns=cfg.max_turns, seeds=self.seeds())  # fmt: skip
             pool.staleness.version = self.version
             pool.__enter__()
@@ -352,6 +390,8 @@ class PPOTrainer:
                 elapsed = time.perf_counter() - started
                 tokens = dist.all_sum(float(batch["attention_mask"].sum()))
                 metrics = {
+                    "total_steps": limit,
+                    "loss": trained["policy_loss"] if self.train_actor else trained["value_loss"],
                     **stats,
                     **trained,
                     "rollout_s": rollout_s,
@@ -372,9 +412,13 @@ class PPOTrainer:
                     previous_loss = loss
                     if settled >= cfg.value_settle_patience:
                         break
-        finally:
+        finally:  # no new episode, then every sandbox session given back: threads still playing find theirs gone
+            if pool is not None:
+                pool.stop()
+            self.close_envs()
             if pool is not None:
                 pool.close()
+            self.close_envs()  # and whatever a thread leased meanwhile
             bar.close()
             logger.close()
         self.save(step)

@@ -66,6 +66,7 @@ class LocalPolicy:
         self.sampling = sampling or SamplingParams()
         self.max_batch = max_batch
         self.version = 0
+        self.base_dir: Path | None = None  # where image paths in conversations are relative to (the run directory)
         self.lock = threading.RLock()
         self._requests: queue.Queue[tuple[list[dict[str, Any]], Future[tuple[Reply, int]]]] = queue.Queue()
         self._worker: threading.Thread | None = None
@@ -75,8 +76,15 @@ class LocalPolicy:
 
     @torch.no_grad()
     def generate(self, conversations: list[list[dict[str, Any]]]) -> tuple[list[Reply], int]:
-        """Sample one reply per conversation, in one batched call; returns the replies and the weights' version."""
-        prompts = [self.renderer.prompt_ids(c) for c in conversations]
+        """Sample one reply per conversation, in one batched call; returns the replies and the weights' version.
+        Screenshots in the conversations go to a vision-language model as its processor would give them."""
+        rendered = [self.renderer.prompt_inputs(c, self.base_dir or ".") for c in conversations]
+        prompts = [r["input_ids"] for r in rendered]
+        device = next(self.model.parameters()).device
+        vision: dict[str, torch.Tensor] = {}
+        if any("pixel_values" in r for r in rendered):  # rows' images in row order, as the model's forward expects
+            keys = ("pixel_values", "image_grid_thw")
+            vision = {k: torch.cat([r[k] for r in rendered if k in r]).to(device) for k in keys}
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         attention = torch.zeros_like(ids)
@@ -101,8 +109,9 @@ class LocalPolicy:
                 else {"do_sample": False}
             )
             out = self.model.generate(
-                input_ids=ids,
-                attention_mask=attention,
+                input_ids=ids.to(device),
+                attention_mask=attention.to(device),
+                **vision,
                 max_new_tokens=s.max_new_tokens,
                 pad_token_id=self.pad_id,
                 eos_token_id=self.eos_id,
@@ -161,6 +170,7 @@ class RemotePolicy:
         self.record_logprobs = record_logprobs
         self.sampling = sampling or SamplingParams()
         self.version = 0
+        self.base_dir: Path | None = None  # where image paths in conversations are relative to, unless given per call
         self.client = PolicyClient(base_url, model, api_key=api_key, timeout_s=timeout_s, constrain=False)
 
     def generate(self, conversations: list[list[dict[str, Any]]]) -> tuple[list[Reply], int]:
@@ -171,7 +181,7 @@ class RemotePolicy:
         version = self.version
         body = {
             "model": self.model,
-            "messages": [_openai_message(m, base_dir) for m in conversation],
+            "messages": [_openai_message(m, base_dir or self.base_dir) for m in conversation],
             "max_tokens": self.sampling.max_new_tokens,
             "temperature": self.sampling.temperature,
             "top_p": self.sampling.top_p,
@@ -233,7 +243,8 @@ def turn_message(reply: Reply, feedback: Any, version: int) -> dict[str, Any]:
 def run_episode(env: Env, ask: Callable[[list[dict[str, Any]]], tuple[Reply, int]], seed: int,
                 max_turns: int = 32) -> Episode:  # fmt: skip
     """Play one episode: the policy answers, the environment responds, until done or `max_turns`. The final turn's
-    info (e.g. an evaluator error of a sandbox task) is kept in the episode's meta."""
+    info (e.g. an evaluator error of a sandbox task) is kept in the episode's meta, with the environment's `meta`
+    for this episode where it has one (a sandbox task's id, where its screenshots' paths are relative to)."""
     messages = env.reset(seed)
     started = time.perf_counter()
     done = False
@@ -248,37 +259,49 @@ def run_episode(env: Env, ask: Callable[[list[dict[str, Any]]], tuple[Reply, int
             break
         assert feedback.observation is not None
         messages.append(feedback.observation)
-    episode = Episode(messages, id=f"{env.name}-{seed}", source="rollout", instruction=env.name)
-    episode.meta.update(seed=seed, done=done, seconds=time.perf_counter() - started, info=info)
+    episode = _episode(env, messages, seed)
+    episode.meta.update(done=done, seconds=time.perf_counter() - started, info=info)
     return episode
+
+
+def _episode(env: Env, messages: list[dict[str, Any]], seed: int) -> Episode:
+    """An episode of `env` played from `seed`, named after its task where the environment says which."""
+    meta = {**getattr(env, "meta", {}), "seed": seed}
+    task = meta.get("task_id")
+    name = f"{env.name}-{task}-{seed}" if task is not None else f"{env.name}-{seed}"
+    instruction = env.task["instruction"] if task is not None and hasattr(env, "task") else env.name
+    return Episode(messages, id=name, source="rollout", instruction=instruction, meta=meta)
 
 
 def collect_sync(env_factory: Callable[[], Env], policy: Policy, seeds: list[int], max_turns: int = 32,
                  workers: int = 16) -> list[Episode]:  # fmt: skip
     """The synchronous baseline: all episodes of a batch advance turn by turn (one batched generation per turn,
     environment steps in parallel) and the batch ends when its longest episode does."""
-    envs = [env_factory() for _ in seeds]
-    conversations = [env.reset(seed) for env, seed in zip(envs, seeds, strict=True)]
-    active = list(range(len(seeds)))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        for _ in range(max_turns):
-            if not active:
-                break
-            replies, version = policy.generate([conversations[i] for i in active])
-            feedbacks = list(pool.map(lambda pair: envs[pair[0]].step(pair[1].text), zip(active, replies, strict=True)))
-            still = []
-            for i, reply, feedback in zip(active, replies, feedbacks, strict=True):
-                conversations[i].append(turn_message(reply, feedback, version))
-                if not feedback.done and feedback.observation is not None:
-                    conversations[i].append(feedback.observation)
-                    still.append(i)
-            active = still
-    for env in envs:
-        env.close()
-    return [
-        Episode(c, id=f"{envs[0].name}-{seed}", source="rollout", instruction=envs[0].name, meta={"seed": seed})
-        for c, seed in zip(conversations, seeds, strict=True)
-    ]
+    envs: list[Env] = []
+    try:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            envs.extend(env_factory() for _ in seeds)
+            conversations = list(pool.map(lambda pair: pair[0].reset(pair[1]), zip(envs, seeds, strict=True)))
+            episodes = [_episode(env, c, seed) for env, c, seed in zip(envs, conversations, seeds, strict=True)]
+            active = list(range(len(seeds)))
+            for _ in range(max_turns):
+                if not active:
+                    break
+                replies, version = policy.generate([conversations[i] for i in active])
+                steps = zip(active, replies, strict=True)
+                feedbacks = list(pool.map(lambda pair: envs[pair[0]].step(pair[1].text), steps))
+                still = []
+                for i, reply, feedback in zip(active, replies, feedbacks, strict=True):
+                    conversations[i].append(turn_message(reply, feedback, version))
+                    episodes[i].meta.update(info=feedback.info, done=feedback.done)
+                    if not feedback.done and feedback.observation is not None:
+                        conversations[i].append(feedback.observation)
+                        still.append(i)
+                active = still
+    finally:  # every environment is closed, whatever happened (a sandbox releases its sessions)
+        for env in envs:
+            env.close()
+    return episodes
 
 
 class StalenessManager:
@@ -356,10 +379,14 @@ class RolloutPool:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def close(self) -> None:
+    def stop(self) -> None:
+        """No new episode starts from now on (running ones go on); `close` then waits for the threads."""
         self._stop.set()
         with self.staleness.cond:
             self.staleness.cond.notify_all()
+
+    def close(self) -> None:
+        self.stop()
         for thread in self._threads:
             thread.join(timeout=30)
 

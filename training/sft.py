@@ -131,6 +131,7 @@ def train_sft(cfg: SFTConfig) -> dict[str, Any]:
         consumed += len(episodes)
         elapsed = time.perf_counter() - started
         metrics = {
+            "total_steps": planned,
             "loss": dist.all_sum(nll) / max(global_tokens, 1.0),
             "trained_tokens": global_tokens,
             "grad_norm": grad_norm,
