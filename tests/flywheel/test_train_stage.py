@@ -1,0 +1,136 @@
+"""Training stages as the trainer's CLI in a child process: progress and metrics from its metrics.jsonl, the result
+registered; a failing trainer fails the iteration with its log's end, and a resume skips the stages done. The starting
+checks refuse stage combinations that cannot run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from annotation_app.models import Task
+from flywheel.iterations import IterationError, reopen_iteration, run_iteration, start_iteration
+from flywheel.models import DatasetVersion, Iteration, ModelVersion
+from flywheel.training_stages import check_train_config, training_command
+
+from .train_helpers import sft_trajectories, tiny_base
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def runs(settings, tmp_path):
+    settings.FLYWHEEL_RUNS_ROOT = tmp_path / "runs"
+    return settings.FLYWHEEL_RUNS_ROOT
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory) -> Path:
+    from training.policy.tiny import build_tiny_checkpoint
+
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("models") / "tiny")
+
+
+CONFIG = {"v": {"threshold": 0.5}, "train": {"preset": "tiny-cpu"}}
+SFT_ONLY = ["validate", "export", "sft"]
+
+
+def test_sft_runs_the_trainer_cli_and_records_progress_metrics_and_the_model(media, runs, tiny_path):
+    sft_trajectories(4)
+    base = tiny_base(tiny_path)
+    iteration = start_iteration(None, base_model=base, stages=SFT_ONLY, config=CONFIG, enqueue=False)
+    done = run_iteration(iteration.pk, remote=False)
+    assert done.status == Iteration.Status.SUCCEEDED, done.error
+    entry = done.stages["sft"]
+    assert entry["command"][1:4] == ["-m", "training", "sft"] and "--data" in entry["command"]
+    assert entry["run_dir"] == str(runs / f"iteration-{iteration.pk}" / "sft")
+    steps = [row["step"] for row in entry["metrics"]]
+    assert steps == sorted(set(steps)) and steps[-1] == entry["done"] >= 1
+    assert all("loss" in row for row in entry["metrics"])
+    assert entry["total"] in (None, entry["done"]) or entry["total"] >= entry["done"]
+    assert entry["log_tail"] and entry["heartbeat"]
+    output = entry["output"]
+    assert Path(output["checkpoint"], "config.json").exists() and output["resumed"] is False
+    model = ModelVersion.objects.get(pk=output["model_id"])
+    assert model.checkpoint_uri == output["checkpoint"] and model.parent == base
+    sft_version = DatasetVersion.objects.get(iteration=iteration, kind="sft")
+    data = Path(entry["command"][entry["command"].index("--data") + 1])
+    assert sorted(p.name for p in data.glob("*.jsonl")) == sorted(
+        f["path"] for f in sft_version.manifest["files"] if f["role"] == "episodes"
+    )
+    assert not list(runs.glob("*/sft/trainer/.checkpoint-*"))  # no half checkpoint left
+
+
+def test_a_failing_trainer_fails_the_iteration_with_its_log_and_a_resume_skips_the_stages_done(media, runs, tiny_path):
+    sft_trajectories(2)
+    base = ModelVersion.objects.create(name="missing", checkpoint_uri=str(runs / "no-such-model"))
+    iteration = start_iteration(None, base_model=base, stages=SFT_ONLY, config=CONFIG, enqueue=False)
+    failed = run_iteration(iteration.pk, remote=False)
+    assert failed.status == Iteration.Status.FAILED
+    assert "exited with" in failed.error and "the log ends" in failed.error
+    assert failed.stages["validate"]["status"] == failed.stages["export"]["status"] == "done"
+    exported_at = failed.stages["export"]["finished_at"]
+    ModelVersion.objects.filter(pk=base.pk).update(checkpoint_uri=str(tiny_path))
+    reopen_iteration(failed)
+    done = run_iteration(iteration.pk, remote=False)
+    assert done.status == Iteration.Status.SUCCEEDED, done.error
+    assert done.stages["export"]["finished_at"] == exported_at  # not run again
+    assert DatasetVersion.objects.filter(iteration=iteration).count() == 1
+    assert done.stages["sft"]["attempts"] == 2 and done.stages["sft"]["status"] == "done"
+    assert ModelVersion.objects.filter(iteration=iteration).count() == 1
+
+
+def test_the_command_follows_the_model_chain_and_the_preset(media, runs, tiny_path):
+    base = tiny_base(tiny_path)
+    Task.objects.create(instruction="t", evaluator={"func": "exact_match"}, metadata={})
+    config = {**CONFIG, "train": {"preset": "tiny-cpu", "nproc": 2, "ppo": {"iterations": 3}}}
+    iteration = start_iteration(
+        None, base_model=base, stages=["validate", "export", "sft", "value", "ppo"], config=config, enqueue=False
+    )
+    ppo = training_command(iteration, "ppo", resume=True)
+    assert "torch.distributed.run" in ppo and "--nproc-per-node=2" in ppo
+    sft_final = str(runs / f"iteration-{iteration.pk}" / "sft" / "trainer" / "final")
+    critic = str(runs / f"iteration-{iteration.pk}" / "value" / "trainer" / "critic")
+    assert ppo[ppo.index("--model") + 1] == sft_final and ppo[ppo.index("--critic") + 1] == critic
+    assert ppo[ppo.index("--iterations") + 1] == "3" and "--resume" in ppo and "--no-progress" in ppo
+    assert ppo[ppo.index("--env") + 1] == "sandbox" and Path(ppo[ppo.index("--tasks") + 1]).exists()
+    value = training_command(iteration, "value", resume=False)
+    assert value[value.index("--model") + 1] == sft_final and "--no-resume" in value
+
+
+@pytest.mark.parametrize(
+    ("stages", "config", "message"),
+    [
+        (["sft"], {}, "need a base model with a checkpoint"),
+        (["validate", "export", "value"], {}, "select PPO too"),
+        (["validate", "export", "evaluate"], {}, "select CT, SFT or PPO"),
+        (["validate", "export", "sft"], {"promote": "auto"}, "needs the evaluation stage"),
+        (["ppo"], {}, "verifiable training tasks"),
+        (["sft"], {"promote": "sometimes"}, "config.promote"),
+        (["sft"], {"train": {"preset": "huge"}}, "config.train: preset must be one of"),
+        (["sft"], {"train": {"sft": {"out": "/tmp/x"}}}, "set by the flywheel"),
+        (["sft"], {"train": {"sft": {"warp": 9}}}, "not an option of `python -m training sft`"),
+        (["sft"], {"train": {"sft": {"lr": "fast"}}}, "sft.lr must be float"),
+        (["sft"], {"train": {"nproc": 0}}, "nproc must be"),
+        (["sft"], {"evaluate": {"episodes": 0}}, "episodes must be"),
+        (["sft"], {"train": "tiny"}, "config.train must be an object"),
+    ],
+)
+def test_starting_refuses_stage_combinations_and_settings_that_cannot_run(stages, config, message, tiny_path):
+    base = None if message.startswith("need a base") else tiny_base(tiny_path)
+    with pytest.raises(IterationError, match=message):
+        start_iteration(None, base_model=base, stages=stages, config=config, enqueue=False)
+    assert not Iteration.objects.exists()
+
+
+def test_sft_needs_data_when_nothing_is_exported(tiny_path):
+    with pytest.raises(IterationError, match="needs data"):
+        start_iteration(None, base_model=tiny_base(tiny_path), stages=["sft"], enqueue=False)
+
+
+def test_presets_are_valid_trainer_options():
+    for preset in ("tiny-cpu", "default"):
+        checked = check_train_config({"preset": preset, "sft": {"lr": 1e-5}, "ppo": {"lora_r": 4}})
+        assert checked["sft"]["lr"] == 1e-5 and checked["ppo"]["lora_r"] == 4
+        for stage in ("ct", "sft", "value", "ppo"):
+            check_train_config({"preset": preset, stage: dict(checked[stage])})  # every preset key is an option
