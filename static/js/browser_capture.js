@@ -90,6 +90,7 @@ function hideMeter() {
 function captureTime() {
   return offset + (performance.now() - recorderStarted) / 1000;
 }
+window.thinkAloud.captureTime = captureTime;
 
 function togglePause() {
   const track = recorder.stream.getAudioTracks()[0];

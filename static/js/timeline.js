@@ -104,7 +104,8 @@ function submitWarnings() {
   if ((data.flags || []).includes("no_speech")) {
     reasons.push("No speech was heard in the recording: the thoughts are what you typed, if anything.");
   }
-  if (empty) reasons.push(`${empty} of ${data.steps.length} steps have an empty thought: the model learns nothing from them about why.`);
+  if (empty === 1) reasons.push(`1 of ${data.steps.length} steps has an empty thought: nothing says why its action was done.`);
+  if (empty > 1) reasons.push(`${empty} of ${data.steps.length} steps have an empty thought: nothing says why their actions were done.`);
   return reasons;
 }
 
