@@ -1,6 +1,7 @@
-"""Every flywheel page and endpoint for every role: ML engineers (and superusers) start and cancel iterations;
-data leads and ML engineers read iterations and the stores; annotators and anonymous users get nothing. Plus the
-API's and the form's answers to bad input (4xx, never 500)."""
+"""Every flywheel page and endpoint for every role: ML engineers (and superusers) start and cancel iterations and
+register, promote, roll back and demote models; data leads and ML engineers read iterations, the stores and the
+registry; annotators and anonymous users get nothing. Plus the API's and the form's answers to bad input (4xx, never
+500)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
 from django.urls import reverse
 
-from flywheel.models import DatasetVersion, Iteration
+from flywheel.forms import IterationForm
+from flywheel.models import DatasetVersion, Iteration, ModelVersion, Stage
 
 from ..conftest import ROLES, api_client_for
 
@@ -31,6 +33,18 @@ FLYWHEEL_MATRIX: list[tuple[str, str, str, set[str]]] = [
     ("flywheel-iteration-validations", "get", "api", READERS),
     ("flywheel-dataset-list", "get", "api", READERS),
     ("flywheel-dataset-detail", "get", "api", READERS),
+    ("flywheel-models", "get", "page", READERS),
+    ("flywheel-model-health", "get", "page", READERS),
+    ("flywheel-register", "post", "page", RUNNERS),
+    ("flywheel-rollback", "post", "page", RUNNERS),
+    ("flywheel-demote", "post", "page", RUNNERS),
+    ("flywheel-model-list", "get", "api", READERS),
+    ("flywheel-model-list", "post", "api", RUNNERS),
+    ("flywheel-model-detail", "get", "api", READERS),
+    ("flywheel-model-promote", "post", "api", RUNNERS),
+    ("flywheel-model-rollback", "post", "api", RUNNERS),
+    ("flywheel-model-demote", "post", "api", RUNNERS),
+    ("flywheel-promotion-list", "get", "api", READERS),
 ]
 FLYWHEEL_ROUTES = {name for name, *_ in FLYWHEEL_MATRIX}
 
@@ -49,7 +63,8 @@ def objects(db, settings, tmp_path):
             "files": [{"path": "episodes-v0001.jsonl", "role": "episodes", "sha256": "x", "bytes": 17, "version": 1}],
         },
     )
-    return {"iteration": iteration, "version": version}
+    model = ModelVersion.objects.create(name="m", checkpoint_uri="/m", endpoint_url="http://127.0.0.1:9/v1")
+    return {"iteration": iteration, "version": version, "model": model}
 
 
 def _url(name: str, objects) -> str:
@@ -57,7 +72,25 @@ def _url(name: str, objects) -> str:
         return reverse(name, args=[objects["version"].pk, "episodes-v0001.jsonl"])
     if name in ("flywheel-dataset-detail",):
         return reverse(name, args=[objects["version"].pk])
-    if name in ("flywheel-start", "flywheel-stores", "flywheel-iteration-list", "flywheel-dataset-list"):
+    if name in ("flywheel-model-health", "flywheel-rollback", "flywheel-model-detail") or name in (
+        "flywheel-model-promote",
+        "flywheel-model-rollback",
+    ):
+        return reverse(name, args=[objects["model"].pk])
+    if (
+        name.startswith("flywheel-model")
+        or name.startswith("flywheel-promotion")
+        or name
+        in (
+            "flywheel-start",
+            "flywheel-stores",
+            "flywheel-iteration-list",
+            "flywheel-dataset-list",
+            "flywheel-models",
+            "flywheel-register",
+            "flywheel-demote",
+        )
+    ):
         return reverse(name)
     return reverse(name, args=[objects["iteration"].pk])
 
@@ -95,7 +128,7 @@ def test_authorization(role, name, method, kind, allowed, objects, make_user):
 @pytest.mark.parametrize(
     ("body", "status", "text"),
     [
-        ({"stages": ["validate", "ppo"]}, 400, "not available yet: PPO"),
+        ({"stages": ["validate", "export", "ppo"]}, 400, "base model"),  # needs one with a checkpoint
         ({"stages": ["teleport"]}, 400, "is not a valid choice"),
         ({"modes": ["telepathy"]}, 400, "is not a valid choice"),
         ({"config": {"v": {"weights": {"vibes": 1}}}}, 400, "unknown V component"),
@@ -152,7 +185,13 @@ def test_the_page_form_starts_an_iteration_and_shows_errors(make_user, django_ca
     page = client.get(reverse("flywheel"))
     assert page.status_code == 200
     html = page.content.decode()
-    assert "Start an iteration" in html and "Not yet available: Rejection sampling (RFT)" in html
+    assert "Start an iteration" in html
+    for stage in Stage:  # every stage is listed (those this build cannot run say so)
+        assert f'value="{stage.value}"' in html and stage.label in html
+    assert 'name="promote"' in html and 'value="auto"' in html and 'name="preset"' in html
+    form = {"stages": ["validate", "export", "sft"], "threshold": "0.5", "coordinates": "absolute"}
+    refused = client.post(reverse("flywheel-start"), form)
+    assert refused.status_code == 400 and "base model" in refused.content.decode()  # said on the page
     bad = client.post(reverse("flywheel-start"), {"stages": ["validate"], "threshold": "2", "coordinates": "absolute"})
     assert bad.status_code == 400 and "Ensure this value is less than or equal to 1" in bad.content.decode()
     bad_json = client.post(
@@ -181,3 +220,22 @@ def test_the_schema_documents_the_flywheel_api(make_user):
     paths = schema.json()["paths"]
     assert "/api/flywheel/iterations/" in paths and "post" in paths["/api/flywheel/iterations/"]
     assert "/api/flywheel/iterations/{id}/cancel/" in paths and "/api/flywheel/datasets/" in paths
+
+
+@pytest.mark.parametrize(
+    ("stages", "promote", "preset", "expected"),
+    [
+        (["validate", "export"], "auto", "default", {}),
+        (["export", "sft", "evaluate"], "auto", "default", {"train": {"preset": "default"}, "promote": "auto"}),
+        (["ppo"], "", "", {"train": {"preset": "tiny-cpu"}}),
+        (["sft", "evaluate"], "", "tiny-cpu", {"train": {"preset": "tiny-cpu"}, "promote": "manual"}),
+    ],
+)
+def test_the_form_sets_the_trainer_preset_and_promotion_only_with_their_stages(stages, promote, preset, expected):
+    form = IterationForm(
+        {"stages": stages, "threshold": "0.8", "coordinates": "absolute", "promote": promote, "preset": preset}
+    )
+    assert form.is_valid(), form.errors
+    config = form.config()
+    assert {k: v for k, v in config.items() if k in ("train", "promote")} == expected
+    assert config["v"]["threshold"] == 0.8 and config["export"] == {"coordinates": "absolute"}
