@@ -11,8 +11,10 @@ Components (each in [0, 1]; V is their weighted mean over the components a traje
   every step has its screenshot and its recorded result; otherwise the trajectory is HELD with the reason;
 - `thoughts`: the share of steps that carry a thought;
 - `curation`: in-situ captures' flags (near-duplicate, no speech, too short…), the lowest flag value;
-- `orm`: the generative outcome reward model's score. NOT computed yet: the slot is here so a later stage fills
-  `Signals.orm` and the weight applies; today no trajectory has it.
+- `orm`: the generative outcome reward model's score (flywheel.orm asks an OpenAI-compatible endpoint and fills
+  `Signals.orm` and `Signals.orm_source`). An answer that does not parse, or a failed call, leaves `orm` None: the
+  component is recorded with value None and its source ("unparseable: …", "ORM call failed: …"), weighs nothing and
+  is no judgement, so it can never pass a trajectory.
 """
 
 from __future__ import annotations
@@ -106,9 +108,10 @@ class Review:
     score: int | None
 
 
-@dataclass(frozen=True)
+@dataclass
 class Signals:
-    """What is known about one trajectory. Step lists are in index order."""
+    """What is known about one trajectory. Step lists are in index order. Mutable: flywheel.orm fills the ORM
+    fields of a chunk in place before `validate`."""
 
     trajectory_id: int
     mode: str
@@ -120,7 +123,8 @@ class Signals:
     outcome_reward: float | None = None
     review: Review | None = None
     capture_flags: Sequence[str] | None = None  # None: not an in-situ capture
-    orm: float | None = None  # the generative ORM's score: not computed in this build
+    orm: float | None = None  # the generative ORM's score in [0, 1] (flywheel.orm), None when it gave none
+    orm_source: str = ""  # what the ORM was and said; with orm None: why there is no score (never a pass)
 
 
 @dataclass(frozen=True)
@@ -247,11 +251,15 @@ def validate(signals: Signals, config: VConfig) -> Verdict:
         flags = list(signals.capture_flags)
         comps["curation"] = (curation_value(flags, config), "capture flags: " + (", ".join(flags) or "none"))
     if signals.orm is not None:
-        comps["orm"] = (min(max(float(signals.orm), 0.0), 1.0), "generative ORM")
+        comps["orm"] = (min(max(float(signals.orm), 0.0), 1.0), signals.orm_source or "generative ORM")
     total = sum(config.weights.get(name, 0.0) for name in comps)
     v = sum(value * config.weights.get(name, 0.0) for name, (value, _) in comps.items()) / total if total else 0.0
     v = min(max(v, 0.0), 1.0)
-    components = {name: {"value": round(value, 6), "source": source} for name, (value, source) in comps.items()}
+    components: dict[str, dict[str, Any]] = {
+        name: {"value": round(value, 6), "source": source} for name, (value, source) in comps.items()
+    }
+    if signals.orm is None and signals.orm_source:  # asked, but no score: recorded, weightless, no judgement
+        components["orm"] = {"value": None, "source": signals.orm_source}
     route, reason = _route(signals, v, config, comps)
     return Verdict(round(v, 6), components, route, reason, threshold)
 
