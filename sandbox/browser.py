@@ -8,6 +8,7 @@ browser session owns one worker thread and every call runs there: callers may co
 from __future__ import annotations
 
 import io
+import logging
 import os
 import shlex
 import shutil
@@ -66,7 +67,9 @@ _TWO_FRAMES = """(capMs) => new Promise((resolve) => {
   const timer = setTimeout(() => resolve(true), capMs);
   requestAnimationFrame(() => requestAnimationFrame(() => { clearTimeout(timer); resolve(false); }));
 })"""
+CLOSE_TIMEOUT_S = 10.0  # closing waits this long for Playwright; a hung driver must not hold up a shutdown
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 def _key(name: str) -> str:
@@ -89,10 +92,13 @@ class BrowserSession:
         user: SessionUser | None = None,
         downloads: Path | None = None,
         headless: bool = True,
+        launchers: Path | None = None,
     ) -> None:
-        """With `user`, Chromium runs confined as that user (see isolation.py); downloads are saved under their
-        suggested names in `downloads` (default: ~/Downloads of the session), where the session's shell sees them."""
-        self.width, self.height, self.user = width, height, user
+        """With `user`, Chromium runs confined as that user (see isolation.py), through a launcher script made in
+        `launchers` (default: the temporary directory; the manager keeps them under its own root, so a later start
+        finds a crashed run's); downloads are saved under their suggested names in `downloads` (default:
+        ~/Downloads of the session), where the session's shell sees them."""
+        self.width, self.height, self.user, self.launchers = width, height, user, launchers
         self.downloads = downloads or profile_dir.parent / "Downloads"
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="browser")
         try:
@@ -146,7 +152,9 @@ class BrowserSession:
             os.chown(path, self.user.uid, self.user.gid)
         # Outside the session's home, in a directory only the service can touch: the session must never be able
         # to replace what the service executes.
-        self._launcher_dir = Path(tempfile.mkdtemp(prefix="chromium-launcher-"))
+        if self.launchers is not None:
+            self.launchers.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._launcher_dir = Path(tempfile.mkdtemp(prefix="chromium-launcher-", dir=self.launchers))
         launcher = self._launcher_dir / "chromium"
         command = " ".join(shlex.quote(part) for part in self.user.confine([CHROMIUM], BROWSER_LIMITS))
         launcher.write_text(f'#!/bin/sh\nexec {command} "$@"\n')
@@ -280,18 +288,30 @@ class BrowserSession:
         return "ok"
 
     def close(self) -> None:
+        """End the browser, Playwright's driver and the worker thread. Tolerant of a browser or driver that already
+        died (a Ctrl-C reaches them with the service: TargetClosedError, a closed pipe): what is left is let go."""
         self._stop_pump.set()
         self._pump.join(timeout=5)
 
         def run() -> None:
-            if not self.closed:
-                self.context.close()
-            self._playwright.stop()
+            try:
+                if not self.closed:
+                    self.context.close()
+            except Exception as exc:  # already closed or crashed: the state we wanted
+                log.info("closing the browser: %s", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            finally:
+                self.closed = True
+                try:
+                    self._playwright.stop()
+                except Exception as exc:  # the driver is gone already
+                    log.info("stopping Playwright: %s", type(exc).__name__)
 
         try:
-            self._call(run)
+            self._thread.submit(run).result(timeout=CLOSE_TIMEOUT_S)
+        except Exception as exc:
+            log.warning("the browser did not close within %s s (%s); letting it go", CLOSE_TIMEOUT_S, exc)
         finally:
-            self._thread.shutdown(wait=True)
+            self._thread.shutdown(wait=False)
             self._remove_launcher()
 
     def _remove_launcher(self) -> None:

@@ -498,11 +498,20 @@ class ServiceAuthority:
         self.lock = threading.Lock()
         self.cookies: dict[int | None, bytes] = {}
         self.path: Path | None = None
+        self.base: Path | None = None  # where its private directory goes (default: the temporary directory)
+
+    def place(self, base: Path) -> None:
+        """Make the private directory under `base` (a service's sessions root), where a later start finds it if
+        this process is killed before its exit handler runs; no effect once the file exists."""
+        with self.lock:
+            if self.path is None:
+                base.mkdir(mode=0o700, parents=True, exist_ok=True)
+                self.base = base
 
     def add(self, display: int, cookie: bytes) -> None:
         with self.lock:
             if self.path is None:
-                directory = Path(tempfile.mkdtemp(prefix="sandbox-xauth-"))
+                directory = Path(tempfile.mkdtemp(prefix="sandbox-xauth-", dir=self.base))
                 atexit.register(shutil.rmtree, directory, ignore_errors=True)
                 self.path = directory / "Xauthority"
                 os.environ["XAUTHORITY"] = str(self.path)
@@ -513,6 +522,14 @@ class ServiceAuthority:
         with self.lock:
             if self.cookies.pop(display, None) is not None and self.path is not None:
                 _write_xauthority(self.path, self.cookies)
+
+    def close_if_unused(self) -> None:
+        """Remove the private directory once no desktop of this process needs it (a service that stops on a
+        signal may never run its exit handlers); the next desktop makes a new one."""
+        with self.lock:
+            if self.path is not None and not self.cookies:
+                shutil.rmtree(self.path.parent, ignore_errors=True)
+                self.path = None
 
 
 SERVICE_AUTHORITY = ServiceAuthority()

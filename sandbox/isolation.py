@@ -150,6 +150,15 @@ def memory_cgroup(name: str, limit_bytes: int) -> Path | None:
     return path
 
 
+def session_cgroup(name: str) -> Path | None:
+    """The memory cgroup of session user `name` if it exists (v2 or v1's memory controller), e.g. after a crash."""
+    for base in (CGROUP_V2, CGROUP_V1_MEMORY):
+        path = base / name
+        if (path / "cgroup.procs").exists() and (base == CGROUP_V1_MEMORY or (base / "cgroup.controllers").exists()):
+            return path
+    return None
+
+
 def remove_cgroup(path: Path) -> None:
     """Remove an empty session cgroup (its processes are killed first by delete_session_user)."""
     for _ in range(50):
@@ -195,9 +204,58 @@ def create_session_user(
 
 
 def delete_session_user(user: SessionUser) -> None:
-    """Kill whatever the user still runs, then remove the user and its home."""
-    subprocess.run(["pkill", "-KILL", "-u", str(user.uid)], capture_output=True)
+    """Kill whatever the user still runs, then remove the user, its home, its memory cgroup and the X lock and
+    socket files its killed X server left (those it owns). Each part is tried even when another fails."""
+    kill_user_processes(user.uid)
+    remove_x_files_of(user.uid)
     subprocess.run(["userdel", user.name], capture_output=True)
     shutil.rmtree(user.home, ignore_errors=True)
     if user.cgroup is not None:
         remove_cgroup(user.cgroup)
+
+
+def kill_user_processes(uid: int, timeout_s: float = 3.0) -> None:
+    """SIGKILL every process of `uid` until none is left (userdel refuses a user that still runs something)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        subprocess.run(["pkill", "-KILL", "-u", str(uid)], capture_output=True)
+        if not running_processes_of(uid) or time.monotonic() > deadline:
+            return
+        time.sleep(0.02)
+
+
+def running_processes_of(uid: int) -> list[int]:
+    """Pids of the processes of real or effective `uid` that still run (zombies waiting to be reaped left out)."""
+    pids = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+        except OSError:
+            continue  # it exited meanwhile
+        uids = fields.get("Uid", "").split()
+        if str(uid) in uids[:2] and not fields.get("State", "").strip().startswith(("Z", "X")):
+            pids.append(int(status.parent.name))
+    return pids
+
+
+def remove_x_files_of(uid: int) -> None:
+    """Remove X lock files and display sockets owned by `uid` (an X server killed with SIGKILL leaves both)."""
+    for path in [*Path("/tmp").glob(".X*-lock"), *Path("/tmp/.X11-unix").glob("X*")]:
+        try:
+            if path.lstat().st_uid == uid:
+                path.unlink()
+        except OSError:
+            pass
+
+
+def session_users_under(sessions_root: Path) -> list[SessionUser]:
+    """The session users (`sbx-*`) whose home is directly in `sessions_root`: this root's sessions alone, as each
+    copy of the project has a root of its own; with their memory cgroup when one exists."""
+    root = Path(os.path.abspath(sessions_root))
+    users = []
+    for entry in pwd.getpwall():
+        home = Path(os.path.abspath(entry.pw_dir))
+        if entry.pw_name.startswith("sbx-") and home.parent == root:
+            cgroup = session_cgroup(entry.pw_name)
+            users.append(SessionUser(entry.pw_name, entry.pw_uid, entry.pw_gid, home, cgroup=cgroup))
+    return users

@@ -3,30 +3,48 @@
 The lease store is shared by every service process; desktops are processes of the manager that started them. A
 session whose lease expired, or whose desktop died, is reclaimed: its processes stopped, its user and home removed,
 its lease dropped, and the reason reported.
+
+A manager owns its sessions root (one per copy of the project): `claim_root()` locks it, so a second service on
+the same root refuses to start, and removes what a run that crashed there left (its users, homes, cgroups,
+processes, X files, launchers and leases), nothing of another root's. `shutdown()` releases everything it made.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
 import secrets
+import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .browser import BrowserSession
 from .coordinates import ScreenMapping
-from .desktop import Desktop, DesktopError
-from .isolation import SessionUser, create_session_user, delete_session_user
-from .leases import LeaseNotFound, LeaseStore, NotLeaseOwner
+from .desktop import SERVICE_AUTHORITY, Desktop, DesktopError
+from .isolation import SessionUser, create_session_user, delete_session_user, session_cgroup, session_users_under
+from .isolation import remove_cgroup as remove_cgroup_dir
+from .leases import LeaseError, LeaseNotFound, LeaseStore, NotLeaseOwner
 
 log = logging.getLogger(__name__)
 
 
+LAUNCHERS = ".launchers"  # Chromium launcher scripts of confined browser sessions, under the root (root's only)
+SERVICE_XAUTH = ".service-xauth"  # the service's own X authority files, under the root
+LOCK_FILE = ".service.lock"
+
+
 class SessionLost(Exception):
     """The session is gone (its desktop died or its lease expired); it has been reclaimed."""
+
+
+class RootInUse(RuntimeError):
+    """Another live service holds this sessions root; two services on one root would reclaim each other's sessions."""
 
 
 @dataclass
@@ -75,6 +93,7 @@ class SessionManager:
         self.sessions: dict[str, Session] = {}
         self.pool: list[Session] = []
         self.lock = threading.Lock()
+        self._root_lock: int | None = None  # fd holding the root's flock, from claim_root() to shutdown()
 
     # --- life of a session ------------------------------------------------------------------------------------------
 
@@ -85,7 +104,8 @@ class SessionManager:
         try:
             if kind == "browser":
                 home.mkdir(parents=True, exist_ok=True)
-                browser = BrowserSession(home / ".browser-profile", *self.size, user=user)
+                launchers = self.root / LAUNCHERS
+                browser = BrowserSession(home / ".browser-profile", *self.size, user=user, launchers=launchers)
                 return Session(session_id, None, user, browser=browser)
             desktop = Desktop.start(home, *self.size, user=user)
             return Session(session_id, desktop, desktop.user)  # the user with its display: shells see that one
@@ -201,23 +221,92 @@ class SessionManager:
         return True
 
     def _destroy(self, session: Session) -> None:
-        if session.browser is not None:
-            session.browser.close()
-        if session.desktop is not None:
-            session.desktop.stop()
-        if session.user:
-            delete_session_user(session.user)
+        """Stop the session's browser and desktop and remove its user, home and cgroup: every part is tried even
+        when an earlier one fails (a browser that died under a Ctrl-C must not keep its user alive)."""
+        parts: list[tuple[str, Callable[[], None] | None]] = [
+            ("browser", session.browser.close if session.browser else None),
+            ("desktop", session.desktop.stop if session.desktop else None),
+            ("user", (lambda: delete_session_user(session.user)) if session.user else None),  # type: ignore[arg-type]
+        ]
+        for what, stop in parts:
+            if stop is None:
+                continue
+            try:
+                stop()
+            except Exception:
+                log.exception("session %s: stopping its %s failed; going on", session.session_id, what)
+        if session.user is None:  # without isolation the home is the service's own folder
+            shutil.rmtree(self.root / session.session_id, ignore_errors=True)
 
     def shutdown(self) -> None:
-        """Stop every session and warm desktop of this manager (their leases are released)."""
+        """Stop every session and warm desktop of this manager, in parallel (a supervisor gives a few seconds):
+        leases released, browsers closed, desktops stopped, users, homes and cgroups removed; the root is let go."""
         with self.lock:
             sessions, self.sessions = list(self.sessions.values()), {}
             pool, self.pool = self.pool, []
         for session in sessions:
             try:
                 self.leases.release(session.session_id, session.owner)
-            except LeaseNotFound:
+            except (LeaseError, OSError, ConnectionError) as exc:  # gone already, or Redis is down: it expires
+                log.info("session %s: its lease was not released (%s)", session.session_id, exc)
+            except Exception:
+                log.exception("session %s: releasing its lease failed", session.session_id)
+        everything = sessions + pool
+        if everything:
+            with ThreadPoolExecutor(max_workers=min(8, len(everything)), thread_name_prefix="shutdown") as workers:
+                list(workers.map(self._destroy, everything))
+        shutil.rmtree(self.root / LAUNCHERS, ignore_errors=True)
+        SERVICE_AUTHORITY.close_if_unused()
+        if self._root_lock is not None:
+            os.close(self._root_lock)
+            self._root_lock = None
+
+    # --- what an earlier run left -------------------------------------------------------------------------------
+
+    def claim_root(self) -> list[str]:
+        """Lock this manager's sessions root (RootInUse when another live service holds it) and reclaim what a run
+        that stopped without shutting down (SIGKILL, a crash, power) left there; returns the session ids reclaimed.
+        Only this root is looked at: another copy of the project, with a root of its own, is never touched."""
+        if self._root_lock is not None:
+            return []
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.root / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RootInUse(
+                f"another sandbox service uses the sessions root {self.root}; give each copy its own SANDBOX_ROOT"
+            ) from None
+        self._root_lock = fd
+        SERVICE_AUTHORITY.place(self.root / SERVICE_XAUTH)
+        return self._reclaim_leftovers()
+
+    def _reclaim_leftovers(self) -> list[str]:
+        users = {user.home.name: user for user in session_users_under(self.root)}
+        homes = {path.name for path in self.root.iterdir() if path.is_dir() and path.name.isalnum()}
+        reclaimed = sorted(set(users) | homes)
+        for session_id in reclaimed:
+            log.warning("reclaiming session %s, left in %s by an earlier run", session_id, self.root)
+            if session_id in users:
+                delete_session_user(users[session_id])
+            else:  # no user (never isolated, or removed before the crash): its home and a cgroup may be left
+                shutil.rmtree(self.root / session_id, ignore_errors=True)
+                cgroup = session_cgroup(f"sbx-{session_id[:24]}")
+                if cgroup is not None:
+                    remove_cgroup_dir(cgroup)
+            self._drop_lease(session_id)
+        shutil.rmtree(self.root / LAUNCHERS, ignore_errors=True)
+        for leftover in (self.root / SERVICE_XAUTH).glob("*"):
+            if SERVICE_AUTHORITY.path is None or leftover != SERVICE_AUTHORITY.path.parent:
+                shutil.rmtree(leftover, ignore_errors=True)
+        return reclaimed
+
+    def _drop_lease(self, session_id: str) -> None:
+        """Release the lease a reclaimed session still holds in this manager's store (it would block capacity)."""
+        owner = self.leases.client.hget(self.leases.keys[1] + session_id, "owner")
+        if owner is not None:
+            try:
+                self.leases.release(session_id, owner.decode() if isinstance(owner, bytes) else owner)
+            except LeaseError:
                 pass
-            self._destroy(session)
-        for session in pool:
-            self._destroy(session)

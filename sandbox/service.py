@@ -8,6 +8,7 @@ also bound to the `owner` that allocated it. Errors are JSON: {"error": <code>, 
 from __future__ import annotations
 
 import base64
+import logging
 import os
 import secrets
 import threading
@@ -28,12 +29,13 @@ from .capture import CaptureConflict, Captures
 from .desktop import DesktopError, UnsupportedAction
 from .isolation import isolation_available
 from .leases import LeaseExpired, LeaseNotFound, LeaseStore, NoCapacity, NotLeaseOwner
-from .manager import Session, SessionLost, SessionManager
+from .manager import RootInUse, Session, SessionLost, SessionManager
 from .osworld import TaskConfigError, evaluate, run_setup
 from .sdk import Files, PathOutsideSession, run_shell
 from .vnc import mint_token, revoke_tokens
 
 SETUP_SETTLE_CAP_S = 5.0  # a task's apps may take seconds to draw their first window
+log = logging.getLogger(__name__)
 
 ERRORS: list[tuple[type[Exception], int, str]] = [
     (NoCapacity, 503, "no_capacity"),
@@ -171,7 +173,8 @@ class CaptureStartResponse(BaseModel):
 
 
 def create_app(manager: SessionManager, api_key: str, *, reclaim_every_s: float = 5.0) -> FastAPI:
-    """The API over `manager`; a background thread reclaims dead or expired sessions and refills the warm pool."""
+    """The API over `manager`; a background thread reclaims dead or expired sessions and refills the warm pool.
+    Starting claims the manager's root (reclaiming what a crashed run left); stopping releases every session."""
     stop = threading.Event()
     captures = Captures()
 
@@ -183,13 +186,17 @@ def create_app(manager: SessionManager, api_key: str, *, reclaim_every_s: float 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):  # type: ignore[no-untyped-def]
+        await run_in_threadpool(manager.claim_root)
         await run_in_threadpool(manager.fill_warm_pool)
         worker = threading.Thread(target=housekeeping, name="sandbox-housekeeping", daemon=True)
         worker.start()
         yield
         stop.set()
         worker.join(timeout=10)
-        await run_in_threadpool(captures.close)
+        try:
+            await run_in_threadpool(captures.close)
+        except Exception:
+            log.exception("closing the captures failed; the sessions are released anyway")
         await run_in_threadpool(manager.shutdown)
 
     app = FastAPI(title="Sandbox service", version="0.1.0", description=__doc__, lifespan=lifespan)
@@ -355,6 +362,12 @@ def build_app() -> FastAPI:
     config = ServiceConfig.from_env()
     store = LeaseStore(redis.Redis.from_url(config.redis_url), capacity=config.capacity, namespace=config.namespace)
     manager = SessionManager(store, config.sessions_root, isolate=config.isolate, warm=config.warm)
+    try:
+        reclaimed = manager.claim_root()  # before serving: a crashed run's sessions are gone first
+    except RootInUse as exc:
+        raise SystemExit(str(exc)) from None
+    if reclaimed:
+        log.warning("reclaimed %d session(s) an earlier run left in %s", len(reclaimed), config.sessions_root)
     return create_app(manager, config.api_key)
 
 
