@@ -116,11 +116,16 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     # Stopped by a supervisor (Celery revoking the stage): unwind like Ctrl-C, so sandbox sessions are given back.
-    signal.signal(signal.SIGTERM, _interrupted)
+    previous = signal.signal(signal.SIGTERM, _interrupted)
     try:
         return run(args)
     except ValueError as exc:  # a bad option or input file: its message, not a traceback
         parser.exit(2, f"error: {exc}\n")
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM, after every `finally` ran (sessions given back)
+        print(f"interrupted ({exc or 'Ctrl-C'})", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _interrupted(signum: int, frame: Any) -> None:

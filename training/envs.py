@@ -387,12 +387,17 @@ def sandbox_api_key(key: str = "") -> str:
 def make_sandbox_env(spec: str, settings: SandboxSettings) -> SandboxTaskEnv:
     """A sandbox environment from a spec such as "sandbox" or "sandbox:max_steps=8,format_penalty=-0.1" (options:
     max_steps, format_penalty, ttl_s of a session's lease, capacity_wait_s for a free session)."""
+    kwargs = sandbox_options(spec)
+    client = SandboxClient(settings.url, settings.api_key, owner=settings.owner)
+    return SandboxTaskEnv(client, settings.tasks, settings.image_dir, **kwargs)
+
+
+def sandbox_options(spec: str) -> dict[str, Any]:
+    """The options of a sandbox spec, checked (ValueError naming a bad one)."""
     name, _, options = spec.partition(":")
     if name != "sandbox":
         raise ValueError(f"not a sandbox environment spec: {spec!r}")
-    kwargs = _options(options, {"max_steps": int, "format_penalty": float, "ttl_s": float, "capacity_wait_s": float})
-    client = SandboxClient(settings.url, settings.api_key, owner=settings.owner)
-    return SandboxTaskEnv(client, settings.tasks, settings.image_dir, **kwargs)
+    return _options(options, {"max_steps": int, "format_penalty": float, "ttl_s": float, "capacity_wait_s": float})
 
 
 def _options(text: str, known: dict[str, type]) -> dict[str, Any]:

@@ -15,7 +15,15 @@ import torch
 
 from training import dist
 from training.data import Episode, Renderer, write_episodes
-from training.envs import Env, SandboxSettings, is_sandbox, load_tasks, make_sandbox_env, make_text_env
+from training.envs import (
+    Env,
+    SandboxSettings,
+    is_sandbox,
+    load_tasks,
+    make_sandbox_env,
+    make_text_env,
+    sandbox_options,
+)
 from training.envs import sandbox_api_key as default_api_key
 from training.envs import sandbox_url as default_url
 from training.models import load_actor, load_tokenizer
@@ -149,6 +157,8 @@ def evaluate_checkpoint(
     sampling = SamplingParams(max_new_tokens, temperature)
     sandbox = is_sandbox(env_spec)
     found = load_tasks(tasks) if sandbox and tasks else []  # read and checked before any model is loaded
+    if sandbox:
+        sandbox_options(env_spec)
     if sandbox and not found:
         raise ValueError("--env sandbox needs --tasks FILE (a JSON list or JSONL of OSWorld-format tasks)")
     if not sandbox:
@@ -166,7 +176,6 @@ def evaluate_checkpoint(
         assert run_dir is not None
         settings = SandboxSettings(found, default_url(sandbox_url), default_api_key(sandbox_api_key),
                                    run_dir / "images", owner="evaluation")  # fmt: skip
-        make_sandbox_env(env_spec, settings).close()  # a bad spec fails once, here
         played, errors = play(lambda: make_sandbox_env(env_spec, settings), policy.generate_one, seeds,
                               max_turns=max_turns, concurrency=concurrency)  # fmt: skip
     elif base_url:

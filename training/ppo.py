@@ -24,7 +24,15 @@ from tqdm import tqdm
 
 from training import algos, checkpoints, dist, packing
 from training.data import Episode, Renderer, collate
-from training.envs import Env, SandboxSettings, is_sandbox, load_tasks, make_sandbox_env, make_text_env
+from training.envs import (
+    Env,
+    SandboxSettings,
+    is_sandbox,
+    load_tasks,
+    make_sandbox_env,
+    make_text_env,
+    sandbox_options,
+)
 from training.envs import sandbox_api_key as default_api_key
 from training.envs import sandbox_url as default_url
 from training.metrics import MetricsLogger
@@ -117,6 +125,14 @@ class PPOTrainer:
         torch.manual_seed(cfg.seed + self.rank)
         self.device = dist.device()
         self.out = Path(cfg.out)
+        self.sandbox: SandboxSettings | None = None
+        if is_sandbox(cfg.env):  # the task file and the spec are checked before a model is loaded or a session leased
+            sandbox_options(cfg.env)
+            self.sandbox = SandboxSettings(load_tasks(cfg.tasks), default_url(cfg.sandbox_url),
+                                           default_api_key(cfg.sandbox_api_key), self.out / "images",
+                                           owner=f"trainer:{self.out.name}")  # fmt: skip
+        else:
+            make_text_env(cfg.env)
         self.tokenizer, self.processor = load_tokenizer(cfg.model)
         self.renderer = Renderer(self.tokenizer, image_processor=self.processor, max_length=cfg.max_length)
         self.actor = load_actor(cfg.model, cfg.lora).to(self.device)
@@ -138,12 +154,6 @@ class PPOTrainer:
         sampling = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p)
         self.policy = LocalPolicy(self.actor, self.renderer, sampling, max_batch=max(cfg.concurrency, 1))
         self.policy.base_dir = self.out  # screenshots are saved under the run directory, named relative to it
-        self.sandbox: SandboxSettings | None = None
-        if is_sandbox(cfg.env):  # the task file is read (and checked) before anything is leased
-            self.sandbox = SandboxSettings(load_tasks(cfg.tasks), default_url(cfg.sandbox_url),
-                                           default_api_key(cfg.sandbox_api_key), self.out / "images",
-                                           owner=f"trainer:{self.out.name}")  # fmt: skip
-            make_sandbox_env(cfg.env, self.sandbox).close()  # a bad spec fails here, not in every rollout thread
         self._envs: weakref.WeakSet[Any] = weakref.WeakSet()
         self.version = 0
         self._seed_counter = itertools.count(self.rank, self.world)
