@@ -14,6 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
+from training.policy.client import PolicyError, load_model
 from training.policy.prompts import image_part
 from training.policy.tiny import build_tiny_checkpoint, build_tiny_text_checkpoint
 
@@ -172,3 +173,15 @@ def test_every_v1_route_wants_the_api_key_when_the_server_has_one(server_url, ro
         with pytest.raises(openai.AuthenticationError):
             wrong.models.list()
     assert httpx.get(server_url.removesuffix("/v1") + "/health", timeout=10).status_code == 200
+
+
+def test_load_model_is_the_client_side_of_the_load_endpoint(server_url, http, roots):
+    card = load_model(server_url, "via-client", str(roots["text"]), api_key=KEY)
+    assert card["id"] == "via-client" and card["root"] == str(roots["text"])
+    with pytest.raises(PolicyError, match=r"refused to load elsewhere \(403\): .*not under a models root"):
+        load_model(server_url, "elsewhere", str(roots["outside"]), api_key=KEY)
+    with pytest.raises(PolicyError, match=r"\(401\)"):
+        load_model(server_url, "keyless", str(roots["text"]))
+    with pytest.raises(PolicyError, match="could not load"):
+        load_model(f"http://127.0.0.1:{free_port()}/v1", "nowhere", str(roots["text"]), timeout_s=5)
+    assert http.delete("/models/via-client").status_code == 200

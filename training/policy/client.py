@@ -153,3 +153,23 @@ class PolicyClient:
         choices = sorted(data.get("choices", []), key=lambda c: c.get("index", 0))
         proposals = [parse_proposal((c.get("message") or {}).get("content") or "", width, height) for c in choices]
         return ProposalBatch(proposals=proposals, model=data.get("model", self.model), latency_ms=latency_ms)
+
+
+def load_model(
+    base_url: str, name: str, checkpoint: str, *, api_key: str = "", timeout_s: float = 600.0
+) -> dict[str, Any]:
+    """Have the embedded policy server at `base_url` (…/v1) serve `checkpoint` as `name` (POST /v1/models/load):
+    its model card; PolicyError with the server's message when it refuses (403 outside its models roots, 400 not a
+    checkpoint, 409 the name is taken) or cannot be reached. vLLM has no such endpoint (restart it, or load LoRA)."""
+    try:
+        with connection(base_url, api_key, timeout_s) as http:
+            response = http.post("/models/load", json={"model": name, "checkpoint": str(checkpoint)})
+    except httpx.HTTPError as exc:
+        raise PolicyError(f"policy server at {base_url} could not load {name}: {exc or type(exc).__name__}") from exc
+    if response.status_code >= 400:
+        try:
+            message = response.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = response.text[:300]
+        raise PolicyError(f"policy server refused to load {name} ({response.status_code}): {message}")
+    return response.json()

@@ -212,10 +212,6 @@ class PolicyEngine:
         return {"id": self.name, "object": "model", "created": self.created, "owned_by": "local",
                 "root": str(self.checkpoint), "parent": None}  # fmt: skip
 
-    def models(self) -> list[dict[str, Any]]:
-        """The `/v1/models` entries of this engine alone."""
-        return [self.card()]
-
     def _render(self, messages: list[ChatMessage]) -> tuple[str, list[Any]]:
         from PIL import Image, UnidentifiedImageError
 
