@@ -82,6 +82,8 @@ class OrmConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> OrmConfig:
         """A config from JSON (missing keys take the defaults); ValueError names an unknown key or a bad value."""
+        if data is not None and not isinstance(data, dict):
+            raise ValueError("the ORM settings must be an object")
         data = dict(data or {})
         if "api_key" in data:
             raise ValueError(

@@ -255,6 +255,7 @@ def test_the_config_is_checked_and_recorded_without_the_key():
         ({"timeout_s": -1}, "timeout_s must be a number"),
         ({"coordinates": "inches"}, "coordinates must be one of"),
         ({"keep_images": 50}, "keep_images"),
+        (["enabled"], "must be an object"),
     ]
     for data, message in bad:
         with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
