@@ -6,15 +6,21 @@ an ML engineer makes there, whose refusals show on the page)."""
 from __future__ import annotations
 
 import random
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from django.db import connection
 from django.urls import reverse
+from playwright.sync_api import expect
 
 from annotation_app.models import Role
 from flywheel.iterations import run_iteration, start_iteration
 from flywheel.models import DatasetVersion, Iteration, ModelPromotion, ModelVersion, Stage
 
+from ..browsers import chromium_pages, log_in
 from ..conftest import api_client_for
+from ..factories import UserFactory
+from ..servers import web_stack
 from .helpers import population
 
 pytestmark = pytest.mark.django_db
@@ -216,3 +222,49 @@ def test_the_registry_api_shows_lineage_and_changes_it(lineage):
     for path in ("/api/flywheel/models/", "/api/flywheel/models/{id}/promote/", "/api/flywheel/models/{id}/rollback/",
                  "/api/flywheel/models/demote/", "/api/flywheel/promotions/"):  # fmt: skip
         assert path in paths, path
+
+
+# --- the plots follow the websocket, in real Chromium ----------------------------------------------------------------
+
+
+def _rows(n: int) -> list[dict]:
+    return [{"step": i, "total_steps": 50, "loss": 3.0 / i, "reward": i / 50} for i in range(1, n + 1)]
+
+
+def _pushed(iteration_id: int, rows: int) -> None:
+    """Another process's stage writes new metric rows and pushes the iteration (off Playwright's event loop)."""
+    from flywheel.iterations import push
+
+    try:
+        iteration = Iteration.objects.get(pk=iteration_id)
+        iteration.stages["sft"]["metrics"] = _rows(rows)
+        iteration.stages["sft"]["done"] = rows
+        iteration.save(update_fields=["stages"])
+        push(iteration)
+    finally:
+        connection.close()
+
+
+@pytest.mark.slow
+def test_the_training_plots_update_from_a_pushed_event_without_a_reload(transactional_db, tmp_path, monkeypatch):
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's sync API keeps a loop on this thread
+    UserFactory(username="eng-plots", role=Role.ML_ENGINEER)
+    stages = {"sft": {"status": "running", "done": 2, "total": 50, "metrics": _rows(2)}}
+    iteration = Iteration.objects.create(
+        status=Iteration.Status.RUNNING, current_stage="sft", selected_stages=["sft"], stages=stages
+    )
+    with web_stack(tmp_path) as base, chromium_pages(base) as new_page:
+        page = new_page()
+        log_in(page, "eng-plots")
+        page.goto(reverse("flywheel-iteration", args=[iteration.pk]))
+        expect(page.locator("body")).to_have_attribute("data-events-state", "open", timeout=15_000)
+        loss = page.locator('#training-plots svg[data-metric="loss"]')
+        expect(loss).to_have_attribute("data-points", "2")
+        expect(page.locator('#training-plots svg[data-metric="reward"]')).to_have_attribute("data-points", "2")
+        page.evaluate("window.stillTheSamePage = true")
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(_pushed, iteration.pk, 7).result()
+        expect(loss).to_have_attribute("data-points", "7", timeout=15_000)
+        assert page.locator("#training-plots polyline").count() == 2  # loss and reward, one line each
+        assert page.evaluate("window.stillTheSamePage") is True  # redrawn in place, not reloaded
+        expect(page.locator("#iteration-status .training-progress")).to_contain_text("step 7 of 50", timeout=15_000)
