@@ -1,4 +1,5 @@
-"""Before a model is promoted its endpoint must answer as an OpenAI-compatible server that serves it."""
+"""Before a model is promoted its endpoint must answer as an OpenAI-compatible server that serves it; the registry
+page shows each endpoint's health."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from django.urls import reverse
 
 from flywheel.models import ModelVersion
 from flywheel.serving import serving_problem
@@ -52,3 +54,22 @@ def test_a_model_its_endpoint_serves_can_be_promoted(server):
 def test_a_model_that_cannot_serve_says_why(server, endpoint, served_name, problem):
     model = ModelVersion(name="m", endpoint_url=endpoint.format(server=server), served_name=served_name)
     assert problem in serving_problem(model, timeout_s=2)
+
+
+def test_the_registry_page_shows_each_endpoints_health(server, client, make_user):
+    """The registry page loads each model's health after it is drawn: serving, or why not."""
+    client.force_login(make_user("data_lead"))
+    up = ModelVersion.objects.create(
+        name="up", checkpoint_uri="/u", endpoint_url=f"{server}/v1", served_name="tiny-uitars"
+    )
+    down = ModelVersion.objects.create(name="down", checkpoint_uri="/d", endpoint_url="http://127.0.0.1:9/v1")
+    other = ModelVersion.objects.create(name="other", checkpoint_uri="/o", endpoint_url=f"{server}/v1")
+    page = client.get(reverse("flywheel-models")).content.decode()
+    for model in (up, down, other):
+        assert reverse("flywheel-model-health", args=[model.pk]) in page
+    assert 'data-health="up"' in client.get(reverse("flywheel-model-health", args=[up.pk])).content.decode()
+    answer = client.get(reverse("flywheel-model-health", args=[down.pk])).content.decode()
+    assert 'data-health="down"' in answer and "does not answer" in answer
+    answer = client.get(reverse("flywheel-model-health", args=[other.pk])).content.decode()
+    assert "serves tiny-uitars, not other" in answer
+    assert client.get(reverse("flywheel-model-health", args=[999999])).status_code == 404
