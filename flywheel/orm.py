@@ -103,6 +103,12 @@ class OrmConfig:
         return self.api_key or (os.environ.get(self.api_key_env, "") if self.api_key_env else "")
 
 
+def check_orm_config(raw: dict[str, Any] | None) -> dict[str, Any]:
+    """The iteration config's `orm` section with the defaults filled in, as the iteration records it (no key);
+    ValueError says what is wrong (flywheel.iterations.check_config calls it)."""
+    return OrmConfig.from_dict(raw).to_dict()
+
+
 def _number(name: str, value: Any, low: float, high: float) -> None:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not low <= value <= high:
         raise ValueError(f"{name} must be a number from {low:g} to {high:g}, got {value!r}")

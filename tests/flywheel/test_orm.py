@@ -262,6 +262,18 @@ def test_the_config_is_checked_and_recorded_without_the_key():
             OrmConfig.from_dict(data)
 
 
+def test_an_iteration_checks_and_records_its_orm_section():
+    from flywheel.iterations import IterationError, check_config
+
+    checked = check_config({"orm": {"enabled": True, "model": "ui-tars", "when": "always"}})
+    assert checked["orm"] == {**OrmConfig().to_dict(), "enabled": True, "model": "ui-tars", "when": "always"}
+    assert check_config({})["orm"] == OrmConfig().to_dict()  # recorded even when off: the iteration says so
+    with pytest.raises(IterationError, match=r"config\.orm: api_key cannot be written"):
+        check_config({"orm": {"api_key": "secret"}})
+    with pytest.raises(IterationError, match=r"config\.orm: unknown ORM setting"):
+        check_config({"orm": {"threshold": 0.5}})
+
+
 @pytest.mark.parametrize(
     ("text", "score"),
     [("Score: 0.8", 0.8), ("why\nScore: 1", 1.0), ("why\nScore:0.25  \n\n", 0.25), ("Score: 0", 0.0),
