@@ -70,7 +70,9 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     },
 }
 EVALUATE_DEFAULTS = {"tiny-cpu": {"episodes": 2, "max_new_tokens": 24}, "default": {"episodes": 32}}
-EVALUATE_KEYS = {"episodes": int, "max_new_tokens": int, "temperature": float, "seed": int, "task_ids": list}
+EVALUATE_KEYS = {
+    "episodes": int, "max_new_tokens": int, "temperature": float, "seed": int, "task_ids": list, "env": str,
+}  # fmt: skip
 TASK_KEYS = {"ids", "domains"}
 
 
@@ -154,6 +156,8 @@ def check_evaluate_config(raw: dict[str, Any] | None, preset: str = "default") -
         raise ValueError(f"unknown key(s) {', '.join(unknown)} (known: {', '.join(EVALUATE_KEYS)})")
     for name, value in raw.items():
         _check_value(name, value, EVALUATE_KEYS[name])
+    if "env" in raw and not raw["env"].startswith("sandbox"):
+        raise ValueError("env must be a sandbox spec (sandbox or sandbox:max_steps=N)")
     if "episodes" in raw and not 1 <= raw["episodes"] <= 10_000:
         raise ValueError("episodes must be from 1 to 10000")
     if not all(isinstance(i, int) and not isinstance(i, bool) for i in raw.get("task_ids", [])):
@@ -439,8 +443,8 @@ def _registry(name: str) -> Any:
 
 def eval_command(iteration: Iteration, model: str, tasks: Path) -> list[str]:
     settings_ = iteration.config.get("evaluate") or {}
-    args = {k: v for k, v in settings_.items() if k != "task_ids"}
-    args.update(model=model, env="sandbox", tasks=str(tasks), sandbox_url=settings.SANDBOX_URL)
+    args = {"env": "sandbox", **{k: v for k, v in settings_.items() if k != "task_ids"}}
+    args.update(model=model, tasks=str(tasks), sandbox_url=settings.SANDBOX_URL)
     return [sys.executable, "-m", "training", "eval", *options(args)]
 
 
