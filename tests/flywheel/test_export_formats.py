@@ -302,3 +302,21 @@ def test_a_new_version_adds_its_own_format_files_and_references_its_parents(stor
     (row,) = _lines(_file(v2, "chat"))
     assert row["trajectory_id"] == newer.pk
     assert v2.manifest["formats"]["parquet"]["file"] == "formats/data-v0002.parquet"
+
+
+def test_the_stores_page_links_and_serves_the_format_files(stores, make_user):
+    from django.test import Client
+    from django.urls import reverse
+
+    _run()
+    version = DatasetVersion.objects.get(kind="ct")
+    client = Client()
+    client.force_login(make_user("data_lead"))
+    page = client.get(reverse("flywheel-stores")).content.decode()
+    for role in ("parquet", "chat", "sharegpt", "corpus"):
+        (entry,) = [f for f in version.manifest["files"] if f["role"] == role]
+        url = reverse("flywheel-dataset-file", args=[version.pk, entry["path"]])
+        assert url in page
+        body = b"".join(client.get(url).streaming_content)
+        assert hashlib.sha256(body).hexdigest() == entry["sha256"]
+    assert client.get(reverse("flywheel-dataset-file", args=[version.pk, "formats/other.jsonl"])).status_code == 404
