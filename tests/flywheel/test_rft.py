@@ -55,14 +55,14 @@ def live_leases(services) -> int:
 class Progress:
     """A stage's progress callback that records its calls and can cancel once `cancel_when()` holds."""
 
-    def __init__(self, cancel_when=None):
+    def __init__(self, cancel_when=None, stop: type[BaseException] = Cancelled):
         self.calls: list[tuple[int, int | None]] = []
-        self.cancel_when = cancel_when
+        self.cancel_when, self.stop = cancel_when, stop
 
     def __call__(self, done: int, total: int | None) -> None:
         self.calls.append((done, total))
         if self.cancel_when is not None and self.cancel_when():
-            raise Cancelled
+            raise self.stop
 
 
 # --- configuration and choice of tasks (no services) -------------------------------------------------------------
@@ -180,13 +180,15 @@ def test_rft_stores_scored_rollouts_with_steps_and_a_rerun_skips_them(
 
 
 @needs_desktop
+@pytest.mark.parametrize("stop", [Cancelled, KeyboardInterrupt], ids=["cancel", "ctrl-c"])
 def test_a_cancel_mid_run_releases_every_session_and_the_rerun_finishes(
-    transactional_db, media, live_settings, embedded_model
+    transactional_db, media, live_settings, embedded_model, stop
 ):
     tasks = [demo_task("demo2-date"), demo_task("demo2-notes")]
     iteration = iteration_for(embedded_model, tasks=[t.pk for t in tasks], attempts=1, max_steps=4)
-    started = Progress(cancel_when=lambda: Step.objects.filter(trajectory__mode=Trajectory.Mode.ROLLOUT).exists())
-    with pytest.raises(Cancelled):
+    started = Progress(cancel_when=lambda: Step.objects.filter(trajectory__mode=Trajectory.Mode.ROLLOUT).exists(),
+                       stop=stop)  # fmt: skip
+    with pytest.raises(stop):
         run_rft(iteration, started)
     assert live_leases(live_settings) == 0
     assert not rollouts_of(iteration).filter(status=Trajectory.Status.IN_PROGRESS).exists()
@@ -197,6 +199,26 @@ def test_a_cancel_mid_run_releases_every_session_and_the_rerun_finishes(
     assert output["attempts"] == 2 and output["error_count"] == 0
     finished = rollouts_of(iteration).filter(status=Trajectory.Status.SUBMITTED)
     assert sorted(t.task_id for t in finished) == sorted(t.pk for t in tasks)
+    assert live_leases(live_settings) == 0
+
+
+@needs_desktop
+def test_attempts_beyond_the_free_capacity_wait_for_a_session_instead_of_failing(
+    transactional_db, media, live_settings, embedded_model
+):
+    """Someone else holds all but one of the service's sessions: two attempts at once take turns on the last one."""
+    tasks = [demo_task("demo2-date"), demo_task("demo2-notes")]
+    iteration = iteration_for(embedded_model, tasks=[t.pk for t in tasks], attempts=1, max_steps=2, concurrency=2)
+    client = redis.Redis.from_url(f"{settings.REDIS_URL}/12")
+    store = LeaseStore(client, capacity=10, namespace=live_settings.namespace)
+    held = [store.acquire("someone-else", ttl_s=600) for _ in range(9)]
+    try:
+        output = run_rft(iteration, Progress())
+    finally:
+        for lease in held:
+            store.release(lease.session_id, "someone-else")
+        client.close()
+    assert output["attempts"] == 2 and output["error_count"] == 0
     assert live_leases(live_settings) == 0
 
 
