@@ -173,7 +173,7 @@ def clean_thought(text: str) -> str:
 def fix_thoughts(trajectory: Trajectory, annotator: User, thoughts: dict[int, str]) -> list[Step]:
     """Replace step thoughts of the annotator's rejected trajectory (actions stay: they were done on the screen).
 
-    Each step's thought as it was when rejected is kept once in `metadata.thoughts_before_fix`, so the reviewer can
+    Each step's thought as it was before its first fix is kept in `metadata.thoughts_before_fix`, so the reviewer can
     see what changed; the steps changed are returned."""
     cleaned = {index: clean_thought(text) for index, text in thoughts.items()}
     with transaction.atomic():
