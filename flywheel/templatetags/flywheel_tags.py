@@ -61,6 +61,7 @@ def training_stages(iteration: Any) -> list[dict[str, Any]]:
                 "log_text": "\n".join(str(line).rstrip("\n") for line in entry.get("log_tail") or []),
                 "command": " ".join(map(str, command)) if isinstance(command, list) else str(command or ""),
                 "run_dir": str(entry.get("run_dir") or ""),
+                "model_id": output.get("model_id") if isinstance(output := entry.get("output"), dict) else None,
             }
         )
     return rows

@@ -55,7 +55,7 @@ EVALUATED = {
         "new": {"success_rate": 0.4, "ci_low": 0.2, "ci_high": 0.6, "successes": 8, "episodes": 20, "mean_return": 0.4,
                 "by_task": {"heldout-a": {"success_rate": 0.5, "successes": 5, "episodes": 10}, "heldout-b": 0.3}},
         "parent": {"success_rate": 0.2, "ci_low": 0.05, "ci_high": 0.4, "successes": 4, "episodes": 20},
-        "model_id": 7, "parent_id": 3,
+        "model_id": 7, "parent_id": 3, "promoted": False,
     },
 }  # fmt: skip
 STATES = {
@@ -63,7 +63,8 @@ STATES = {
     "running": {"status": "running", "current_stage": "sft", "stages": {"sft": SFT_RUNNING}},
     "keys missing": {"status": "running",
                      "stages": {"sft": {}, "ppo": {"metrics": [None, {"loss": "x"}]}, "evaluate": {}}},
-    "evaluated": {"status": "succeeded", "stages": {"sft": {**SFT_RUNNING, "status": "done"}, "evaluate": EVALUATED}},
+    "evaluated": {"status": "succeeded", "stages": {"sft": {**SFT_RUNNING, "status": "done", "output": {"model_id": 7}},
+                                                    "evaluate": EVALUATED}},
     "no parent": {"status": "succeeded",
                   "stages": {"evaluate": {"status": "done", "output": {"new": {"success_rate": 1}}}}},
     "failed": {"status": "failed", "error": "RuntimeError: the trainer exited with 1", "stages": {"ppo": SFT_RUNNING}},
@@ -90,7 +91,8 @@ def test_the_iteration_page_renders_every_state(client, make_user, state):
     if state == "evaluated":
         for text in ("40.0%", "20.0%", "20.0% – 60.0%", "8 / 20", "heldout-a", "50.0% (5 / 10)", "30.0%"):
             assert text in html, text
-        assert reverse("flywheel-models") + "#model-7" in html
+        assert reverse("flywheel-models") + "#model-7" in html and "Registered as" in html
+        assert 'Automatic promotion: <span class="pill">not promoted</span>' in html
     if state == "no parent":
         assert "100.0%" in html and "—" in html
     if state == "failed":
