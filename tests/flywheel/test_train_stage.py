@@ -4,12 +4,26 @@ checks refuse stage combinations that cannot run."""
 
 from __future__ import annotations
 
+import threading
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.db import connection
+from django.utils import timezone
 
 from annotation_app.models import Task
-from flywheel.iterations import IterationError, reopen_iteration, run_iteration, start_iteration
+from flywheel.iterations import (
+    IterationError,
+    cancel_iteration,
+    iteration_lock,
+    reopen_iteration,
+    requeue_stalled,
+    run_iteration,
+    run_remote_stage,
+    start_iteration,
+)
+from flywheel.locks import advisory_lock
 from flywheel.models import DatasetVersion, Iteration, ModelVersion
 from flywheel.training_stages import check_train_config, training_command
 
@@ -134,3 +148,52 @@ def test_presets_are_valid_trainer_options():
         assert checked["sft"]["lr"] == 1e-5 and checked["ppo"]["lora_r"] == 4
         for stage in ("ct", "sft", "value", "ppo"):
             check_train_config({"preset": preset, stage: dict(checked[stage])})  # every preset key is an option
+
+
+def test_a_stage_queued_for_a_missing_worker_is_cancelled_at_once_and_its_late_message_does_nothing(tiny_path):
+    from annotation_app.celery import app
+
+    base = tiny_base(tiny_path)
+    DatasetVersion.objects.create(kind="sft", number=1, manifest={"root": "x", "files": []})
+    iteration = start_iteration(None, base_model=base, stages=["sft"], config=CONFIG, enqueue=False)
+    try:
+        waiting = run_iteration(iteration.pk)  # sends training.flywheel_stage; no train worker here
+        assert waiting.status == Iteration.Status.RUNNING and waiting.stages["sft"]["status"] == "queued"
+        assert waiting.stages["sft"]["queue"] == "train"
+        assert cancel_iteration(waiting).status == Iteration.Status.CANCELLED
+        assert run_remote_stage(iteration.pk, "sft") == Iteration.Status.CANCELLED  # the message, delivered late
+        assert Iteration.objects.get(pk=iteration.pk).stages["sft"]["status"] == "cancelled"
+    finally:
+        app.control.purge()
+
+
+def test_the_stall_check_requeues_only_a_runner_that_is_gone(tiny_path):
+    from annotation_app.celery import app
+
+    iteration = start_iteration(None, stages=["validate"], enqueue=False)
+    old = (timezone.now() - timedelta(minutes=10)).isoformat()
+    Iteration.objects.filter(pk=iteration.pk).update(
+        status=Iteration.Status.RUNNING, started_at=timezone.now() - timedelta(minutes=10), current_stage="validate",
+        stages={"validate": {"status": "running", "done": 5, "total": 9, "heartbeat": old}},
+    )  # fmt: skip
+    held, release = threading.Event(), threading.Event()
+
+    def runner() -> None:  # a live runner on another connection holds the iteration's lock
+        with advisory_lock(iteration_lock(iteration.pk)):
+            held.set()
+            release.wait(30)
+        connection.close()
+
+    thread = threading.Thread(target=runner)
+    thread.start()
+    try:
+        assert held.wait(30)
+        assert requeue_stalled(60) == []
+    finally:
+        release.set()
+        thread.join()
+    try:
+        assert requeue_stalled(60) == [iteration.pk]
+        assert requeue_stalled(60) == []  # its heartbeat restarted the clock: once per stall period
+    finally:
+        app.control.purge()
