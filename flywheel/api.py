@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Prefetch
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -181,10 +181,10 @@ class ModelLineageSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
     def get_promotions(self, model: ModelVersion) -> list[dict[str, Any]]:
-        rows = ModelPromotion.objects.filter(Q(from_model=model) | Q(to_model=model)).select_related(
-            "from_model", "to_model", "by"
-        )
-        return PromotionSerializer(rows, many=True).data
+        """The changes of the annotation model to or from this one, newest first."""
+        rows = {p.pk: p for p in [*model.promotions_from.all(), *model.promotions_to.all()]}.values()
+        ordered = sorted(rows, key=lambda p: (p.created_at, p.pk), reverse=True)
+        return PromotionSerializer(ordered, many=True).data
 
 
 class RegisterSerializer(StrictSerializerMixin, serializers.Serializer):
@@ -214,7 +214,11 @@ def _conflict(exc: registry.RegistryError) -> Response:
 class ModelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """The model registry with lineage: register a model, promote it, roll back to an earlier one, demote."""
 
-    queryset = ModelVersion.objects.select_related("created_by").prefetch_related("dataset_versions")
+    queryset = ModelVersion.objects.select_related("created_by").prefetch_related(
+        "dataset_versions",
+        Prefetch("promotions_from", queryset=ModelPromotion.objects.select_related("from_model", "to_model", "by")),
+        Prefetch("promotions_to", queryset=ModelPromotion.objects.select_related("from_model", "to_model", "by")),
+    )
     serializer_class = ModelLineageSerializer
 
     def get_permissions(self):  # type: ignore[no-untyped-def]
@@ -242,8 +246,7 @@ class ModelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
             return Response({"detail": f"{exc}. Send force=true to do it anyway."}, status=status.HTTP_409_CONFLICT)
         except registry.RegistryError as exc:
             return _conflict(exc)
-        model.refresh_from_db()
-        return Response(ModelLineageSerializer(model).data)
+        return Response(ModelLineageSerializer(self.get_queryset().get(pk=model.pk)).data)
 
     @extend_schema(request=ChangeSerializer, responses={200: ModelLineageSerializer})
     @action(detail=True, methods=["post"])
