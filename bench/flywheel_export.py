@@ -232,9 +232,10 @@ def naive_export(iteration: Any) -> int:
             }
             for e, images in items
         ]
-        table = pa.Table.from_pylist(rows, schema=formats.parquet_schema("bytes"))
+        schema = formats.parquet_schema("bytes")
+        table = pa.Table.from_pylist(rows, schema=schema)
         with default_storage.open(f"{base}/data.parquet", "wb") as out:
-            pq.write_table(table, out, compression="zstd", use_dictionary=["source", "instruction"])
+            pq.write_table(table, out, **formats.parquet_options(schema))
     return len(trajectories)
 
 

@@ -244,6 +244,30 @@ def parquet_schema(images: str) -> Any:
     )
 
 
+def leaves(schema: Any) -> list[str]:
+    """The Parquet column paths of an Arrow schema's leaves (`images.list.element.bytes`), for per-column options."""
+    import pyarrow as pa
+
+    def walk(prefix: str, kind: Any) -> list[str]:
+        if pa.types.is_list(kind):
+            return walk(f"{prefix}.list.element", kind.value_type)
+        if pa.types.is_struct(kind):
+            return [leaf for f in kind for leaf in walk(f"{prefix}.{f.name}", f.type)]
+        return [prefix]
+
+    return [leaf for f in schema for leaf in walk(f.name, f.type)]
+
+
+def parquet_options(schema: Any) -> dict[str, Any]:
+    """Writer options: zstd except on the image bytes (PNG/JPEG: compressing them again costs time and saves
+    nothing); dictionary encoding only where values repeat (tried on the images it costs memory and gains nothing)."""
+    return {
+        "compression": {leaf: "none" if leaf == "images.list.element.bytes" else "zstd" for leaf in leaves(schema)},
+        "use_dictionary": ["source", "instruction"],
+        "write_statistics": False,
+    }
+
+
 class ParquetWriter:
     """data-vNNNN.parquet: the chat rows, `meta` as a JSON string, images as bytes (the `Image` feature: path beside
     the bytes) or as paths relative to the file; flushed a row group at a time."""
@@ -258,10 +282,7 @@ class ParquetWriter:
         self.path = path
         self.images = images
         self.schema = parquet_schema(images)
-        # Dictionary encoding only where values repeat: tried on the images it costs memory and gains nothing.
-        self._writer = pq.ParquetWriter(
-            path, self.schema, compression="zstd", use_dictionary=["source", "instruction"], write_statistics=False
-        )
+        self._writer = pq.ParquetWriter(path, self.schema, **parquet_options(self.schema))
         self._rows: list[dict[str, Any]] = []
         self._bytes = 0
         self.row_groups = 0
