@@ -1,9 +1,14 @@
 #!/usr/bin/env python3
 """Live-annotation figures (issue 4), measured against the running app (`./scripts/run` in another terminal).
 
-1. Step overhead in real Chromium: accept a proposal (key 1-9) -> action executed in the sandbox -> new screenshot
-   shown in the page (the next proposal request is sent before the answer; model time excluded). Baseline in the same
-   run: the bare sandbox step (action + screenshot) through the sandbox client. Goal p50 <= 100 ms.
+1. Step overhead in real Chromium: accept a proposal (key 1-9; or, with --override, run a typed click at once
+   without waiting for the model) -> action executed in the sandbox -> new screenshot shown in the page (the next
+   proposal request is sent before the answer; model time excluded). Baselines in the same run: the bare sandbox
+   step (action + settle + screenshot) through the service's HTTP API, and a CPU reference (JPEG-encoding one
+   model-size frame in this process) that tells how loaded the machine was. Goal p50 <= 100 ms.
+   Each part is broken down from the Server-Timing headers of the step requests (the web app's and the sandbox
+   service's), and the CPU time of the app's processes (web, websockets, sandbox service with its desktops) per
+   step is read from /proc around each phase.
 2. Proposals returned by the server -> candidates drawn in the page (server clock vs page clock, same machine).
 3. Concurrent live sessions through the API: N annotators (default 8) each stepping every 2 s for D seconds (default
    300); every step answered 201 must be stored, with no 5xx; how often proposals were ready in time is reported.
@@ -15,6 +20,7 @@ Usage: source scripts/env.sh && .venv/bin/python bench/live.py [--steps 20] [--s
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import random
 import statistics
@@ -24,6 +30,8 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
+from PIL import Image
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -58,10 +66,11 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))] if ordered else float("nan")
 
 
-def row(name: str, values: list[float], baseline: float | None = None, goal: str = "") -> str:
+def row(name: str, values: list[float], baselines: tuple[float, ...] = (), goal: str = "") -> str:
+    """A table row: n, p50, p90, p99, then the p50 against each baseline (a baseline's own row says 1.00x)."""
     p50 = statistics.median(values) if values else float("nan")
-    ratio = f"{p50 / baseline:.2f}x" if baseline else "1.00x (baseline)"
-    return f"| {name} | {len(values)} | {p50:.1f} | {pct(values, 90):.1f} | {pct(values, 99):.1f} | {ratio} | {goal} |"
+    ratios = " | ".join(f"{p50 / b:.2f}x" if b else "" for b in baselines)
+    return f"| {name} | {len(values)} | {p50:.1f} | {pct(values, 90):.1f} | {pct(values, 99):.1f} | {ratios} | {goal} |"
 
 
 def annotator(name: str) -> tuple[User, str]:
@@ -75,25 +84,99 @@ def annotator(name: str) -> tuple[User, str]:
     return user, Token.objects.get_or_create(user=user)[0].key
 
 
-def bare_sandbox_steps(n: int) -> list[float]:
-    """The baseline: action + screenshot straight through the sandbox service."""
+def reference_encodes(n: int) -> list[float]:
+    """The CPU reference: JPEG q80 of one model-size (1288x812) frame in this process, ms each."""
+    noise = Image.frombytes("RGB", (1288, 812), random.Random(7).randbytes(1288 * 812 * 3))
+    frame = noise.reduce(4).resize((1288, 812))  # smooth, like a screen, not noise
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        frame.save(io.BytesIO(), "JPEG", quality=80)
+        times.append((time.perf_counter() - t0) * 1000)
+    return times
+
+
+def stack_processes() -> dict[str, list[psutil.Process]]:
+    """The app's processes by part, found by the ports they listen on, with their children (gunicorn's workers; the
+    sandbox service's desktops, browsers and Playwright drivers)."""
+    parts = {"web": os.environ.get("WEB_PORT", "8000"), "websockets": os.environ.get("WS_PORT", "8001")}
+    parts["sandbox"] = os.environ.get("SANDBOX_PORT", "8010")
+    owners = {c.laddr.port: c.pid for c in psutil.net_connections("tcp") if c.status == "LISTEN" and c.pid}
+    found = {}
+    for name, port in parts.items():
+        pid = owners.get(int(port))
+        if pid is not None:
+            root = psutil.Process(pid)
+            found[name] = [root, *root.children(recursive=True)]
+    return found
+
+
+def cpu_seconds(parts: dict[str, list[psutil.Process]]) -> dict[str, float]:
+    """User + system CPU seconds so far of each part's processes (children that exited are counted by their
+    parents only once reaped; desktops and workers live through a phase)."""
+    total: dict[str, float] = {}
+    for name, processes in parts.items():
+        seconds = 0.0
+        for process in processes:
+            try:
+                times = process.cpu_times()
+                seconds += times.user + times.system
+            except psutil.Error:
+                pass
+        total[name] = seconds
+    return total
+
+
+def cpu_per_step(before: dict[str, float], after: dict[str, float], steps: int) -> dict[str, float]:
+    return {name: (after[name] - before.get(name, 0.0)) * 1000 / max(steps, 1) for name in after}
+
+
+def bare_sandbox_steps(n: int) -> tuple[list[float], list[dict[str, float]]]:
+    """The baseline: click + settle + screenshot straight through the service's HTTP API; wall ms and the service's
+    own breakdown (its Server-Timing) of each step."""
     client = SandboxClient(os.environ["SANDBOX_URL"], os.environ["SANDBOX_API_KEY"], "bench-live-baseline")
     session = client.allocate(ttl_s=120)
+    sid = session["session_id"]
+    http = httpx.Client(
+        base_url=os.environ["SANDBOX_URL"], headers={"Authorization": f"Bearer {os.environ['SANDBOX_API_KEY']}"}
+    )
     try:
-        client.step(session["session_id"], "click(start_box='(10,10)')")  # warm
-        times = []
+        client.step(sid, "click(start_box='(10,10)')")  # warm
+        times, parts = [], []
         for i in range(n):
+            body = {"owner": "bench-live-baseline", "action_text": f"click(start_box='({20 + i},{30 + i})')"}
             t0 = time.perf_counter()
-            client.step(session["session_id"], f"click(start_box='({20 + i},{30 + i})')")
+            response = http.post(f"/sessions/{sid}/step", json=body)
+            response.raise_for_status()
             times.append((time.perf_counter() - t0) * 1000)
-        return times
+            parts.append(server_timing(response.headers.get("server-timing", "")))
+        return times, parts
     finally:
-        client.release(session["session_id"])
+        http.close()
+        client.release(sid)
         client.close()
 
 
-def browser_steps(steps: int) -> tuple[list[float], list[float], list[float]]:
-    """Accept proposals in Chromium; returns step overheads, proposal->drawn latencies, model latencies (ms)."""
+def server_timing(header: str) -> dict[str, float]:
+    """{name: ms} of a Server-Timing header ("a;dur=1.0, b;dur=2")."""
+    parts = {}
+    for item in header.split(","):
+        name, _, rest = item.strip().partition(";")
+        if rest.startswith("dur="):
+            parts[name] = float(rest[4:])
+    return parts
+
+
+RESOURCES = """() => performance.getEntriesByType("resource").map((e) => ({
+  name: e.name, start: e.startTime, ms: e.duration,
+  server: Object.fromEntries((e.serverTiming || []).map((t) => [t.name, t.duration])),
+}))"""
+
+
+def browser_steps(steps: int, *, override: bool) -> dict[str, list]:
+    """Take `steps` steps in Chromium (accepting proposals, or with `override` a typed click at once); per step the
+    page's wall time, the step request's server breakdown, the new screenshot's load time; proposal->drawn and
+    model latencies when proposals were awaited."""
     from playwright.sync_api import sync_playwright
 
     user, _ = annotator("bench-live-browser")
@@ -105,13 +188,17 @@ def browser_steps(steps: int) -> tuple[list[float], list[float], list[float]]:
         page.fill("input[name=password]", PASSWORD)
         page.click("button[type=submit]")
         page.click("#annotate-live")
-        page.wait_for_selector("#live[data-vnc=connected]", timeout=90_000)
+        page.wait_for_selector("#live[data-vnc=connected]", timeout=180_000)
+        page.evaluate("performance.setResourceTimingBufferSize(100000)")
         model_ms = []
         for index in range(steps):
-            page.wait_for_selector(f"#live[data-proposals-for='{index}']", timeout=120_000)
-            session = LiveSession.objects.filter(trajectory__annotator=user).latest("created_at")
-            model_ms.append(float(session.proposal_latency_ms or 0))
-            choices = usable(session.candidates)  # the candidates the page shows for this step
+            page.wait_for_selector(f"#live[data-next-index='{index}']", state="attached", timeout=60_000)
+            choices: list[int] = []
+            if not override:
+                page.wait_for_selector(f"#live[data-proposals-for='{index}']", timeout=120_000)
+                session = LiveSession.objects.filter(trajectory__annotator=user).latest("created_at")
+                model_ms.append(float(session.proposal_latency_ms or 0))
+                choices = usable(session.candidates)  # the candidates the page shows for this step
             if choices:
                 page.keyboard.press(str(choices[0] + 1))
             else:
@@ -120,13 +207,21 @@ def browser_steps(steps: int) -> tuple[list[float], list[float], list[float]]:
                 page.click("#override-run")
             page.wait_for_function(f"window.liveTimings.steps.length > {index}", timeout=60_000)
         timings = page.evaluate("window.liveTimings")
+        resources = page.evaluate(RESOURCES)
         page.once("dialog", lambda dialog: dialog.accept())
         page.click("#abandon")  # give the desktop back before the concurrency run
         page.wait_for_selector("#live[data-status=ended]")
         browser.close()
-    overheads = [t["ms"] for t in timings["steps"]]
-    drawn = [p["drawn"] - p["sent_at"] * 1000 for p in timings["proposals"] if p.get("sent_at")]
-    return overheads, drawn, model_ms
+    requests = [r for r in resources if "/api/live/" in r["name"] and r["name"].endswith("/step/")]
+    images = [r for r in resources if "/obs-" in r["name"]][1:]  # the first is the page's opening screenshot
+    return {
+        "page": [t["ms"] for t in timings["steps"]],
+        "request": [r["ms"] for r in requests],
+        "server": [r["server"] for r in requests],
+        "image": [r["ms"] for r in images],
+        "drawn": [p["drawn"] - p["sent_at"] * 1000 for p in timings["proposals"] if p.get("sent_at")],
+        "model": model_ms,
+    }
 
 
 def concurrent(sessions: int, duration: float) -> dict[str, float]:
@@ -209,30 +304,80 @@ def cleanup() -> None:
     users.delete()
 
 
+def breakdown(server: list[dict[str, float]], request: list[float]) -> dict[str, list[float]]:
+    """Per part of the live step request, ms per step: the web app's own parts, the sandbox round trip split into
+    the service's settle wait and the rest of its work, and what the network, the view and DRF add."""
+    parts: dict[str, list[float]] = {}
+    for timing, total in zip(server, request, strict=False):
+        if not timing:
+            continue
+        service = timing.get("service", 0.0)
+        known = {
+            "reserve (row lock, 'executing' step, its screenshot copied)": timing.get("reserve", 0.0),
+            "sandbox: settle wait": timing.get("settle", 0.0),
+            "sandbox: action + screenshot + JSON in the service": service - timing.get("settle", 0.0),
+            "sandbox: HTTP + base64/JSON in the web app": timing.get("sandbox", 0.0) - service,
+            "complete (row lock, step done, observation written)": timing.get("complete", 0.0),
+            "push (channel layer)": timing.get("push", 0.0),
+            "enqueue (Celery, next proposals)": timing.get("enqueue", 0.0),
+        }
+        parts_sum = timing.get("reserve", 0.0) + timing.get("sandbox", 0.0) + timing.get("complete", 0.0)
+        parts_sum += timing.get("push", 0.0) + timing.get("enqueue", 0.0)
+        known["view rest (auth, session lookup, refresh, JSON)"] = timing.get("view", 0.0) - parts_sum
+        known["network + gunicorn + browser fetch"] = total - timing.get("view", 0.0)
+        known["web worker CPU of the request (thread time)"] = timing.get("cpu", 0.0)
+        for name, ms in known.items():
+            parts.setdefault(name, []).append(ms)
+    return parts
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--sessions", type=int, default=8)
     parser.add_argument("--duration", type=float, default=300)
+    parser.add_argument(
+        "--override", action="store_true", help="step with a typed click at once instead of awaiting proposals"
+    )
     args = parser.parse_args()
     httpx.get(f"{BASE}/healthz").raise_for_status()
     cleanup()
     try:
-        baseline = bare_sandbox_steps(args.steps)
-        overheads, drawn, model_ms = browser_steps(args.steps)
-        print("\n| figure | n | p50 ms | p90 ms | p99 ms | p50 vs bare sandbox step | goal |")
-        print("|---|---|---|---|---|---|---|")
-        print(row("bare sandbox step (action + screenshot)", baseline))
-        print(
-            row(
-                "live step: accept -> executed -> new screenshot shown",
-                overheads,
-                statistics.median(baseline),
-                "p50 <= 100 ms",
-            )
-        )
-        print(row("proposals sent by the server -> drawn in the page", drawn, statistics.median(baseline)))
-        print(row("model time per proposal batch (excluded above)", model_ms, statistics.median(baseline)))
+        reference = reference_encodes(args.steps)
+        parts = stack_processes()
+        before = cpu_seconds(parts)
+        baseline, service_parts = bare_sandbox_steps(args.steps)
+        bare_cpu = cpu_per_step(before, cpu_seconds(parts), args.steps)
+        parts = stack_processes()
+        before = cpu_seconds(parts)
+        live_run = browser_steps(args.steps, override=args.override)
+        live_cpu = cpu_per_step(before, cpu_seconds(parts), args.steps)
+        ref = statistics.median(reference)
+        bare = statistics.median(baseline)
+        print(f"\nload average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; ratios against the CPU reference")
+        print("\n| figure | n | p50 ms | p90 ms | p99 ms | p50 vs CPU reference | p50 vs bare sandbox step | goal |")
+        print("|---|---|---|---|---|---|---|---|")
+
+        def line(name: str, values: list[float], goal: str = "") -> None:
+            print(row(name, values, (ref, bare), goal))
+
+        line("CPU reference: JPEG q80 of a 1288x812 frame (this process)", reference)
+        line("bare sandbox step: click + settle + screenshot over HTTP", baseline)
+        for name in ("execute", "settle", "screenshot", "encode", "cpu"):
+            line(f"  service: {name}", [p.get(name, 0.0) for p in service_parts])
+        line("live step: accept -> executed -> new screenshot shown", live_run["page"], "p50 <= 100 ms")
+        line("  the step request (fetch)", live_run["request"])
+        for name, values in breakdown(live_run["server"], live_run["request"]).items():
+            line(f"    {name}", values)
+        line("  the new screenshot's load (fetch)", live_run["image"])
+        if live_run["drawn"]:
+            line("proposals sent by the server -> drawn in the page", live_run["drawn"])
+        if live_run["model"]:
+            line("model time per proposal batch (excluded above)", live_run["model"])
+        print("\nCPU time per step (ms, user + system, all processes of each part, read from /proc):")
+        print("| part | bare sandbox steps | live steps |\n|---|---|---|")
+        for name in sorted(set(bare_cpu) | set(live_cpu)):
+            print(f"| {name} | {bare_cpu.get(name, 0.0):.1f} | {live_cpu.get(name, 0.0):.1f} |")
         if args.sessions:
             result = concurrent(args.sessions, args.duration)
             print(

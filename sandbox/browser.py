@@ -200,9 +200,9 @@ class BrowserSession:
     def arm_settle(self) -> None:
         """Nothing to forget: a page's settling is read from its own load state (kept for the desktop's interface)."""
 
-    def settle(self, cap_s: float = CAP_S) -> Settled:
+    def settle(self, cap_s: float = CAP_S, *, since_action: bool = False) -> Settled:
         """Wait until the page has loaded (after a navigation an action caused) and painted twice since the action,
-        so the next screenshot shows its effect; at most `cap_s`."""
+        so the next screenshot shows its effect; at most `cap_s` (`since_action`: the desktop's interface)."""
         started = time.monotonic()
 
         def run() -> bool:

@@ -281,13 +281,39 @@ class Desktop:
         self._check_alive()
         self.watch.arm()
 
-    def settle(self, cap_s: float = CAP_S, grace_s: float = GRACE_S) -> Settled:
-        """Wait until the drawing since the last action has stopped, so the next screenshot shows its effect."""
+    def settle(self, cap_s: float = CAP_S, grace_s: float = GRACE_S, *, since_action: bool = False) -> Settled:
+        """Wait until the drawing since the last action has stopped, so the next screenshot shows its effect. With
+        `since_action`, the grace for a first redraw counts from the last action's injection, and actions that only
+        the window manager could see (the pointer over the bare desktop and no window focused, before and after)
+        wait for its answer instead of the grace (settle.py)."""
         self._check_alive()
+        wm_only = since_action and self.__dict__.pop("_untargeted_actions", False)
         try:
-            return self.watch.wait(grace_s=grace_s, cap_s=cap_s)
+            if wm_only and self.untargeted():
+                self.watch.ask_window_manager()
+                return self.watch.wait(grace_s=grace_s, cap_s=cap_s, since_arm=True, wm_only=self.untargeted)
+            return self.watch.wait(grace_s=grace_s, cap_s=cap_s, since_arm=since_action)
         except (XError, ConnectionClosedError, OSError) as exc:
             raise DesktopError(f"desktop :{self.display} is gone ({type(exc).__name__})") from exc
+
+    def untargeted(self) -> bool:
+        """Whether input now reaches no application: the pointer is over the bare desktop (no top-level window
+        under it, the panel included) and the keyboard focus is on no window or on the window manager's own."""
+        root = self.x.screen().root
+        if root.query_pointer().child:
+            return False
+        focus = self.x.get_input_focus().focus
+        focus_id = focus if isinstance(focus, int) else focus.id
+        return focus_id in (X.NONE, X.PointerRoot, root.id, self._wm_window())
+
+    def _wm_window(self) -> int:
+        """The window manager's own window (_NET_SUPPORTING_WM_CHECK), where openbox keeps the focus when no
+        application has it."""
+        if "_wm_check" not in self.__dict__:
+            check = self.x.intern_atom("_NET_SUPPORTING_WM_CHECK")
+            value = self.x.screen().root.get_full_property(check, X.AnyPropertyType)
+            self._wm_check = int(value.value[0]) if value is not None and len(value.value) else -1
+        return self._wm_check
 
     def windows(self) -> list[tuple[str, str]]:
         """(WM class, title) of every top-level application window that is on screen, e.g. ("XTerm", "xterm");
@@ -322,6 +348,8 @@ class Desktop:
         """Run one action; model coordinates go through `mapping` (default: screen pixels). Returns a status."""
         self._check_alive()
         try:
+            # Every action of a step must reach no application for the settle wait to skip its grace (settle.py).
+            self._untargeted_actions = self.__dict__.get("_untargeted_actions", True) and self.untargeted()
             self.watch.arm()
             return self._execute(action, mapping)
         except (XError, ConnectionClosedError, OSError) as exc:

@@ -118,6 +118,11 @@ class StepResponse(BaseModel):
     settle: dict[str, Any] | None = Field(
         default=None, description="How long the observation waited for the screen to settle (waited_ms, timed_out)."
     )
+    timings: dict[str, float] = Field(
+        default_factory=dict,
+        description="Where the step's time went, in ms: execute, settle, screenshot (grab, resize, JPEG), encode "
+        "(base64), and cpu (this request's own CPU time in the service).",
+    )
 
 
 class VncTokenRequest(BaseModel):
@@ -267,21 +272,29 @@ def create_app(manager: SessionManager, api_key: str, *, reclaim_every_s: float 
             return {"value": session.browser.evaluate(body.script)}
 
     @app.post("/sessions/{session_id}/step", dependencies=auth)
-    def step(session_id: str, body: StepRequest) -> StepResponse:
-        started = time.perf_counter()
+    def step(session_id: str, body: StepRequest, response: Response) -> StepResponse:
+        started, cpu = time.perf_counter(), time.thread_time()
         session = manager.get(session_id, body.owner)
         actions = parse_actions(body.action_text)
         mapping = session.mapping if body.coordinates == "model" else None
         observation = None
         settled = None
+        clock = Stopwatch()
         with manager.driving(session) as screen:
             results = [screen.execute(action, mapping) for action in actions]
+            clock.lap("execute")
             if body.observe:
-                settled = screen.settle().as_dict()
-                observation = base64.b64encode(screen.screenshot(session.mapping.model_size)).decode()
+                settled = screen.settle(since_action=True).as_dict()
+                clock.lap("settle")
+                jpeg = screen.screenshot(session.mapping.model_size)
+                clock.lap("screenshot")
+                observation = base64.b64encode(jpeg).decode()
+                clock.lap("encode")
+        timings = {**clock.laps, "cpu": (time.thread_time() - cpu) * 1000}
+        response.headers["Server-Timing"] = ", ".join(f"{name};dur={ms:.1f}" for name, ms in timings.items())
         return StepResponse(
             results=results, actions=[action_to_dict(a) for a in actions], observation_jpeg_base64=observation,
-            elapsed_ms=(time.perf_counter() - started) * 1000, settle=settled,
+            elapsed_ms=(time.perf_counter() - started) * 1000, settle=settled, timings=timings,
         )  # fmt: skip
 
     @app.get("/sessions/{session_id}/observation", dependencies=auth, response_class=Response)
@@ -336,6 +349,19 @@ def create_app(manager: SessionManager, api_key: str, *, reclaim_every_s: float 
         return Response(status_code=204)
 
     return app
+
+
+class Stopwatch:
+    """Wall time between laps, in ms, by the name of the part that just ended."""
+
+    def __init__(self) -> None:
+        self.laps: dict[str, float] = {}
+        self.last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps[name] = round((now - self.last) * 1000, 2)
+        self.last = now
 
 
 class _Unauthorized(Exception):

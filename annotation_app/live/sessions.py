@@ -13,9 +13,16 @@ the stored history when it is sent to the model.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -56,10 +63,52 @@ def group(trajectory_id: int) -> str:
 
 
 def push(trajectory_id: int, event: str, **payload: Any) -> None:
-    """Send `{event, ...}` to the open live page of this trajectory (its owner's only)."""
+    """Send `{event, ...}` to the open live page of this trajectory (its owner's only). From sync code the send runs
+    on this process's lasting channel-layer loop (`layer_loop`), in order, and returns once it is sent."""
     layer = get_channel_layer()
-    if layer is not None:
-        async_to_sync(layer.group_send)(group(trajectory_id), {"type": "live.event", "event": event, **payload})
+    if layer is None:
+        return
+    message = {"type": "live.event", "event": event, **payload}
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # the usual case: a view, a Celery task, a test
+        asyncio.run_coroutine_threadsafe(layer.group_send(group(trajectory_id), message), layer_loop()).result(30)
+    else:  # called on a running loop's thread: async_to_sync refuses, as before
+        async_to_sync(layer.group_send)(group(trajectory_id), message)
+
+
+_loop_lock = threading.Lock()
+_loop: tuple[int, asyncio.AbstractEventLoop] | None = None
+
+
+def layer_loop() -> asyncio.AbstractEventLoop:
+    """This process's event loop for channel-layer sends, on a thread of its own. async_to_sync starts a fresh loop
+    for every call, and channels_redis then a fresh Redis connection (~35 ms a push, bench/live.py); this loop keeps
+    its connections (~0.5 ms). A forked child (gunicorn's workers) starts its own."""
+    global _loop
+    with _loop_lock:
+        if _loop is None or _loop[0] != os.getpid() or _loop[1].is_closed():
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="channel-layer-loop", daemon=True).start()
+            _loop = (os.getpid(), loop)
+        return _loop[1]
+
+
+_after_step = ThreadPoolExecutor(max_workers=1, thread_name_prefix="live-after-step")
+
+
+def request_proposals_soon(live: LiveSession) -> None:
+    """Ask for the next step's proposals off the annotator's path (a Celery publish is ~10-25 ms, with a long tail
+    when its connection is renewed); a failure is logged, and the page offers 'retry proposals'."""
+    index = live.next_index
+
+    def send() -> None:
+        try:
+            queues.enqueue(queues.PROPOSE_LIVE, live.pk, index)
+        except Exception:
+            log.exception("live session %s: the proposals of step %s could not be requested", live.pk, index)
+
+    _after_step.submit(send)
 
 
 @functools.cache
@@ -324,6 +373,17 @@ def check_override(thought: str, action_text: str, width: int, height: int) -> P
     return checked
 
 
+@contextmanager
+def timed(timings: dict[str, float] | None, name: str) -> Iterator[None]:
+    """Add the block's wall time (ms) to `timings[name]` when timings are wanted (the step's Server-Timing)."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        if timings is not None:
+            timings[name] = timings.get(name, 0.0) + (time.perf_counter() - started) * 1000
+
+
 def take_step(
     live: LiveSession,
     *,
@@ -331,17 +391,22 @@ def take_step(
     candidate: int | None = None,
     thought: str = "",
     action_text: str = "",
+    timings: dict[str, float] | None = None,
 ) -> Step:
     """Run the accepted candidate (or the annotator's override) in the sandbox and store the step.
 
     Nothing runs unless the action is valid; a double submit of the same step gets a Conflict. The step is stored
     'executing' before its action is sent, outside the row lock, and completed after it ran: the stored steps never
     fall behind the desktop. An action whose result cannot be recorded leaves its step 'failed' (the desktop may have
-    run it) and ends the session, so the trajectory says where its record stops."""
-    step, session_id = _reserve_step(live, expected_index, candidate, thought, action_text)
+    run it) and ends the session, so the trajectory says where its record stops. `timings` (when given) gets the
+    wall time of each part in ms: reserve, sandbox (of which the service's own time and its settle wait), complete,
+    push, enqueue."""
+    with timed(timings, "reserve"):
+        step, session_id = _reserve_step(live, expected_index, candidate, thought, action_text)
     client = sandbox_for(live.trajectory_id)
     try:
-        result = client.step(session_id, step.action_text, coordinates="screen")
+        with timed(timings, "sandbox"):
+            result = client.step(session_id, step.action_text, coordinates="screen")
     except ActionError as exc:  # refused before anything ran
         _unreserve(step)
         raise Invalid(f"The sandbox refused the action: {exc.detail}") from exc
@@ -357,8 +422,12 @@ def take_step(
         raise Conflict(f"The sandbox did not confirm the action ({exc.detail}); {FAILED_TAIL}") from exc
     finally:
         client.close()
+    if timings is not None:
+        timings["service"] = result.elapsed_ms
+        timings["settle"] = float((result.settle or {}).get("waited_ms", 0.0))
     try:
-        live = _complete_step(live, step, result)
+        with timed(timings, "complete"):
+            live = _complete_step(live, step, result)
     except (DatabaseError, OSError) as exc:
         log.exception("live session %s: step %s ran but could not be recorded", live.pk, step.index)
         _step_failed(live, step, f"the action ran but its result could not be recorded: {exc}")
@@ -367,8 +436,10 @@ def take_step(
     if ending:
         end_live(live, ending)
     elif live.status == LiveSession.Status.ACTIVE:
-        push(live.trajectory_id, "step", step=step_json(step), state=state_of(live))
-        request_proposals(live)  # the worker also renews the lease, off the annotator's path
+        with timed(timings, "push"):
+            push(live.trajectory_id, "step", step=step_json(step), state=state_of(live))
+        with timed(timings, "enqueue"):
+            request_proposals_soon(live)  # the worker also renews the lease, off the annotator's path
     return step
 
 
