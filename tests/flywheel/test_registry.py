@@ -5,6 +5,7 @@ promote, roll back and demote keep one active model and write the history."""
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import sys
 
@@ -225,3 +226,29 @@ def test_register_by_hand_refuses_a_taken_name(make_user):
     assert model.created_by == engineer and model.serve_command.startswith("vllm serve hf://x")
     with pytest.raises(registry.RegistryError, match="already registered"):
         registry.register_by_hand(engineer, name="ui-tars", checkpoint_uri="hf://y")
+
+
+def test_concurrent_promotions_keep_exactly_one_active_model(transactional_db):
+    """Two engineers promoting at once: the advisory lock orders them, neither fails on the one-active constraint."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import connection
+
+    models = [ModelVersion.objects.create(name=f"m{i}", checkpoint_uri=f"/{i}") for i in range(2)]
+
+    def promote_many(model: ModelVersion) -> None:
+        try:
+            for _ in range(15):
+                fresh = ModelVersion.objects.get(pk=model.pk)  # only this thread makes it active
+                if not fresh.is_active:
+                    registry.promote(fresh, by=None, force=True)
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(promote_many, models))
+    assert ModelVersion.objects.filter(is_active=True).count() == 1
+    rows = list(ModelPromotion.objects.order_by("id"))  # ids are taken under the lock: its order
+    assert len(rows) >= 2 and rows[0].from_model is None
+    for before, after in itertools.pairwise(rows):  # an unbroken chain: each starts where the last one ended
+        assert after.from_model_id == before.to_model_id
