@@ -166,6 +166,14 @@ class RecordingClient:
             raise SandboxError("evaluator", 500, str(record.get("message", "no score")))
         return float(record["score"])
 
+    def keep(self, session_id: str, ttl_s: float) -> None:
+        """Renew the lease before a model turn (turns wait for a shared policy server); a failure is left to the
+        next sandbox call to report."""
+        try:
+            self.client.renew(session_id, ttl_s)
+        except SandboxError as exc:
+            log.info("renewing sandbox session %s: %s", session_id, exc)
+
     def release(self, session_id: str) -> None:
         try:
             self.client.release(session_id)
@@ -322,6 +330,8 @@ def _play(spec: AttemptSpec, run: RolloutSettings, gate: CapacityGate, stop: thr
             def ask(messages: list[dict[str, Any]]) -> tuple[Reply, int]:
                 if stop.is_set():
                     raise Stopped
+                if env.session is not None:
+                    client.keep(env.session, run.lease_ttl_s)
                 if run.constrain and not isinstance(policy.client, _Constrained):
                     width, height = client.mapping.model_size
                     policy.client = _Constrained(policy.client, proposal_regex(width, height))  # type: ignore[assignment]
