@@ -394,10 +394,13 @@ def run_child(iteration: Iteration, stage: str, command: list[str], watch: Watch
     proc = subprocesses.start(command, log=watch.log, cwd=Path(settings.BASE_DIR), env=trainer_env(), stdout=stdout)
     entry.update(host=socket.gethostname(), pgid=proc.pid, command=command, run_dir=str(run_dir(iteration, stage)))
     watch.write()
+    started = time.monotonic()
     try:
         code = subprocesses.wait(proc, tick=watch.tick, every=TICK_S)
     except (Cancelled, subprocesses.Stopped):
         raise Cancelled from None
+    finally:  # the trainer's own wall time: the iteration's overhead is the rest
+        entry["child_seconds"] = round(entry.get("child_seconds", 0.0) + time.monotonic() - started, 3)
     watch.read()
     watch.write()
     if code != 0:
