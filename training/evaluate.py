@@ -110,9 +110,15 @@ def play(env_factory: Callable[[], Env], ask: Callable[[list[dict[str, Any]]], t
     done: dict[int, Episode] = {}
     errors: list[dict[str, Any]] = []
     lock = threading.Lock()
+    live: set[Any] = set()
+    stop = threading.Event()
 
     def one(seed: int) -> None:
+        if stop.is_set():
+            return
         env = env_factory()
+        with lock:
+            live.add(env)
         try:
             episode = run_episode(env, ask, seed, max_turns)
             with lock:
@@ -122,9 +128,20 @@ def play(env_factory: Callable[[], Env], ask: Callable[[list[dict[str, Any]]], t
                 errors.append({"seed": seed, "task_id": getattr(env, "meta", {}).get("task_id"), "error": str(exc)})
         finally:
             env.close()
+            with lock:
+                live.discard(env)
 
-    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+    pool = ThreadPoolExecutor(max_workers=max(1, concurrency))
+    try:
         list(pool.map(one, seeds))
+    except BaseException:  # Ctrl-C, SIGTERM: no new episode, and every open environment closed (sessions released)
+        stop.set()
+        with lock:
+            for env in list(live):
+                env.close()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
     return [done[s] for s in seeds if s in done], sorted(errors, key=lambda e: e["seed"])
 
 

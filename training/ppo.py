@@ -343,7 +343,7 @@ class PPOTrainer:
     def save(self, step: int) -> None:
         if self.rank == 0:
             checkpoints.save(self.out, step, models=self._models(), optimizers=self.optimizers,
-                             state={"version": self.version, "config": _jsonable(asdict(self.cfg))},
+                             state={"version": self.version, "config": _jsonable(asdict(self.cfg) | SECRETS)},
                              keep=self.cfg.keep)  # fmt: skip
         dist.barrier()
 
@@ -368,6 +368,7 @@ class PPOTrainer:
         bar = tqdm(total=limit, initial=step, desc=stage, unit="it", disable=self.rank != 0 or not cfg.progress)
         metrics: dict[str, float] = {}
         settled = 0
+        failed = 0
         previous_loss = math.inf
         pool = None
         if cfg.streaming:
@@ -384,7 +385,9 @@ class PPOTrainer:
                     episodes = pool.take(cfg.episodes_per_step)
                 else:
                     chosen = [next(seeds) for _ in range(cfg.episodes_per_step)]
-                    episodes = collect_sync(self.env_factory, self.policy, chosen, cfg.max_turns)
+                    lost: list[str] = []
+                    episodes = collect_sync(self.env_factory, self.policy, chosen, cfg.max_turns, errors=lost)
+                    failed += len(lost)
                 rollout_s = time.perf_counter() - started
                 batch = self.prepare(episodes)
                 stats = batch.pop("stats")
@@ -411,6 +414,8 @@ class PPOTrainer:
                 }
                 if pool is not None:
                     metrics["dropped_stale"] = pool.stats.dropped_stale
+                    failed = pool.stats.failed
+                metrics["failed_episodes"] = failed  # episodes lost to their environment so far (a sandbox error)
                 logger.log(step, metrics, stage=stage)
                 bar.update(1)
                 bar.set_postfix(reward=f"{stats['reward']:.3f}", ev=f"{trained.get('explained_variance', 0):.2f}")
@@ -439,6 +444,9 @@ class PPOTrainer:
                 self.critic.save_pretrained(self.out / "critic")
         dist.barrier()
         return {"step": step, **metrics}
+
+
+SECRETS = {"sandbox_api_key": ""}  # options never written into a checkpoint's state
 
 
 def adamw(params: Any, lr: float) -> torch.optim.Optimizer:

@@ -274,24 +274,39 @@ def _episode(env: Env, messages: list[dict[str, Any]], seed: int) -> Episode:
 
 
 def collect_sync(env_factory: Callable[[], Env], policy: Policy, seeds: list[int], max_turns: int = 32,
-                 workers: int = 16) -> list[Episode]:  # fmt: skip
+                 workers: int = 16, errors: list[str] | None = None) -> list[Episode]:  # fmt: skip
     """The synchronous baseline: all episodes of a batch advance turn by turn (one batched generation per turn,
-    environment steps in parallel) and the batch ends when its longest episode does."""
+    environment steps in parallel) and the batch ends when its longest episode does. An environment that fails (a
+    sandbox session lost) costs its episode, not the batch: it is left out and its error appended to `errors`;
+    only a batch with no episode left raises."""
     envs: list[Env] = []
+    failed: dict[int, str] = {}
+
+    def attempt(i: int, call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except Exception as exc:  # that episode is lost; the others go on
+            failed[i] = f"seed {seeds[i]}: {exc}"
+            return None
+
     try:
         with ThreadPoolExecutor(max_workers=workers) as pool:
             envs.extend(env_factory() for _ in seeds)
-            conversations = list(pool.map(lambda pair: pair[0].reset(pair[1]), zip(envs, seeds, strict=True)))
+            resets = list(pool.map(lambda i: attempt(i, lambda: envs[i].reset(seeds[i])), range(len(seeds))))
+            conversations: list[list[dict[str, Any]]] = [c or [] for c in resets]
             episodes = [_episode(env, c, seed) for env, c, seed in zip(envs, conversations, seeds, strict=True)]
-            active = list(range(len(seeds)))
+            active = [i for i in range(len(seeds)) if i not in failed]
             for _ in range(max_turns):
                 if not active:
                     break
                 replies, version = policy.generate([conversations[i] for i in active])
-                steps = zip(active, replies, strict=True)
-                feedbacks = list(pool.map(lambda pair: envs[pair[0]].step(pair[1].text), steps))
+                steps = list(zip(active, replies, strict=True))
+                feedbacks = list(pool.map(lambda pair: attempt(pair[0], lambda: envs[pair[0]].step(pair[1].text)),
+                                          steps))  # fmt: skip
                 still = []
-                for i, reply, feedback in zip(active, replies, feedbacks, strict=True):
+                for (i, reply), feedback in zip(steps, feedbacks, strict=True):
+                    if feedback is None:
+                        continue
                     conversations[i].append(turn_message(reply, feedback, version))
                     episodes[i].meta.update(info=feedback.info, done=feedback.done)
                     if not feedback.done and feedback.observation is not None:
@@ -301,7 +316,11 @@ def collect_sync(env_factory: Callable[[], Env], policy: Policy, seeds: list[int
     finally:  # every environment is closed, whatever happened (a sandbox releases its sessions)
         for env in envs:
             env.close()
-    return episodes
+    if errors is not None:
+        errors.extend(failed[i] for i in sorted(failed))
+    if len(failed) == len(seeds):
+        raise RuntimeError(f"every episode of the batch failed; the first: {failed[min(failed)]}")
+    return [e for i, e in enumerate(episodes) if i not in failed]
 
 
 class StalenessManager:
