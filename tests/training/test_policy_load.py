@@ -6,6 +6,8 @@ Real server process, the official `openai` client and plain HTTP, tiny checkpoin
 from __future__ import annotations
 
 import io
+import json
+import shutil
 import sys
 
 import httpx
@@ -185,3 +187,33 @@ def test_load_model_is_the_client_side_of_the_load_endpoint(server_url, http, ro
     with pytest.raises(PolicyError, match="could not load"):
         load_model(f"http://127.0.0.1:{free_port()}/v1", "nowhere", str(roots["text"]), timeout_s=5)
     assert http.delete("/models/via-client").status_code == 200
+
+
+def test_with_a_state_file_loaded_models_are_served_again_after_a_restart(tiny_vision, roots, tmp_path):
+    state = tmp_path / "served.json"
+    gone = build_tiny_text_checkpoint(roots["runs"] / "soon-gone", seed=4)
+
+    def server() -> tuple[list[str], str]:
+        port = free_port()
+        command = [sys.executable, "-m", "training.policy.server", "--checkpoint", str(tiny_vision), "--name", MODEL]
+        command += ["--port", str(port), "--threads", "1", "--models-root", str(roots["runs"]), "--state", str(state)]
+        return command, f"http://127.0.0.1:{port}"
+
+    command, url = server()
+    env = subprocess_env()
+    env.pop("POLICY_API_KEY", None)
+    with running(command, env, tmp_path / "first.log", answers(f"{url}/health")):
+        assert load_model(f"{url}/v1", "kept", str(roots["second"]))["id"] == "kept"
+        assert load_model(f"{url}/v1", "gone", str(gone))["id"] == "gone"
+        assert load_model(f"{url}/v1", "dropped", str(gone))["id"] == "dropped"
+        assert httpx.delete(f"{url}/v1/models/dropped", timeout=30).status_code == 200
+    assert json.loads(state.read_text()) == {"models": {"kept": str(roots["second"]), "gone": str(gone)}}
+    shutil.rmtree(gone)  # its checkpoint disappears while the server is down
+    command, url = server()
+    with running(command, env, tmp_path / "second.log", answers(f"{url}/health")):
+        assert [m["id"] for m in httpx.get(f"{url}/v1/models", timeout=30).json()["data"]] == [MODEL, "kept"]
+        answer = httpx.post(f"{url}/v1/chat/completions", json={"model": "kept", "messages": HELLO, "max_tokens": 2},
+                            timeout=120)  # fmt: skip
+        assert answer.status_code == 200 and answer.json()["model"] == "kept"
+    assert "gone not restored: no checkpoint at" in (tmp_path / "second.log").read_text()
+    assert json.loads(state.read_text()) == {"models": {"kept": str(roots["second"])}}

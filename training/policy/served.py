@@ -2,11 +2,14 @@
 trained checkpoint (the flywheel writes them under var/flywheel-runs) is served without a restart.
 
 Checkpoints load only from directories under a `--models-root` (resolved, so `..` and symlinks cannot leave it):
-the load endpoint must not become a way to read arbitrary files into the server.
+the load endpoint must not become a way to read arbitrary files into the server. With a state file (`--state`) the
+loaded models are written down and loaded again when the server restarts, so a promoted model keeps being served.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import threading
 from collections.abc import Callable
@@ -57,9 +60,11 @@ def checkpoint_under(path_text: str, roots: list[Path]) -> Path:
 class ServedModels:
     """Engines by served name; the first one added is the default (a request that names no model gets it)."""
 
-    def __init__(self, roots: list[Path], *, max_models: int = 8) -> None:
+    def __init__(self, roots: list[Path], *, max_models: int = 8, state: Path | None = None) -> None:
         self.roots = list(roots)
         self.max_models = max_models
+        self.state = state  # where the loaded models are written down (None: nowhere)
+        self.restoring = False  # while restoring, the file keeps every entry until all were tried
         self.engines: dict[str, Engine] = {}
         self.default = ""
         self.lock = threading.Lock()  # guards `engines`
@@ -111,6 +116,7 @@ class ServedModels:
             except Exception as exc:  # a broken checkpoint is the caller's input: say what went wrong
                 raise LoadError(f"the checkpoint at {checkpoint!r} does not load: {exc}", 400, "checkpoint") from exc
             self.add(engine)
+            self._save()
             return engine.card(), True
 
     def unload(self, name: str) -> None:
@@ -121,3 +127,38 @@ class ServedModels:
             if name == self.default:
                 raise LoadError(f"`{name}` is this server's default model: it cannot be unloaded", 409, "model")
             del self.engines[name]
+        self._save()
+
+    def _save(self) -> None:
+        """Write {name: checkpoint} of the loaded models (the startup one aside) to the state file, atomically."""
+        if self.state is None or self.restoring:
+            return
+        with self.lock:
+            loaded = {n: str(e.checkpoint) for n, e in self.engines.items() if n != self.default}
+        self.state.parent.mkdir(parents=True, exist_ok=True)
+        partial = self.state.with_name(self.state.name + ".partial")
+        partial.write_text(json.dumps({"models": loaded}, indent=1))
+        os.replace(partial, self.state)
+
+    def restore(self, build: Callable[[Path, str], Engine]) -> list[str]:
+        """Load again the models the state file names (each still checked against the roots); what could not be
+        loaded is left out, and the returned lines say why."""
+        if self.state is None or not self.state.is_file():
+            return []
+        try:
+            models = json.loads(self.state.read_text())["models"]
+            entries = [(str(name), str(path)) for name, path in models.items()]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            return [f"state file {self.state} is unreadable ({exc}): no model restored"]
+        problems = []
+        self.restoring = True
+        try:
+            for name, path in entries:
+                try:
+                    self.load(name, path, build)
+                except LoadError as exc:
+                    problems.append(f"{name} not restored: {exc}")
+        finally:
+            self.restoring = False
+        self._save()  # what is served now
+        return problems

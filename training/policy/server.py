@@ -470,9 +470,11 @@ def create_app(
     api_key: str = "",
     max_models: int = 8,
     threads: int | None = None,
+    state: Path | None = None,
 ) -> FastAPI:
-    """The HTTP app serving `engine` (the default model) and any checkpoint loaded later from under `roots`."""
-    served = ServedModels(roots or [], max_models=max_models)
+    """The HTTP app serving `engine` (the default model) and any checkpoint loaded later from under `roots`; with
+    `state`, the models loaded before a restart are loaded again first."""
+    served = ServedModels(roots or [], max_models=max_models, state=state)
     served.add(engine)
     app = FastAPI(title="Embedded policy server", description=__doc__)
 
@@ -493,6 +495,9 @@ def create_app(
 
     def build(path: Path, name: str) -> PolicyEngine:
         return PolicyEngine(path, name=name, threads=threads, lock=engine.lock)
+
+    for problem in served.restore(build):
+        print(f"policy server: {problem}", flush=True)
 
     @app.exception_handler(BadRequest)
     async def bad_request(request: Any, exc: BadRequest) -> JSONResponse:
@@ -560,6 +565,8 @@ def main() -> None:
     parser.add_argument("--models-root", type=Path, action="append", default=[], dest="roots",
                         help="a directory POST /v1/models/load may load checkpoints from (repeatable)")  # fmt: skip
     parser.add_argument("--max-models", type=int, default=8, help="models held at once, the startup one included")
+    parser.add_argument("--state", type=Path, default=None,
+                        help="JSON file the loaded models are written to and restored from on start")  # fmt: skip
     key_help = "bearer key every /v1 request must carry (default $POLICY_API_KEY; empty: none)"
     parser.add_argument("--api-key", default=os.environ.get("POLICY_API_KEY", ""), help=key_help)
     args = parser.parse_args()
@@ -567,7 +574,8 @@ def main() -> None:
         print(f"no checkpoint at {args.checkpoint}: building the tiny random one there")
         build_tiny_checkpoint(args.checkpoint)
     engine = PolicyEngine(args.checkpoint, name=args.name, threads=args.threads)
-    app = create_app(engine, roots=args.roots, api_key=args.api_key, max_models=args.max_models, threads=args.threads)
+    app = create_app(engine, roots=args.roots, api_key=args.api_key, max_models=args.max_models, threads=args.threads,
+                     state=args.state)  # fmt: skip
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 
