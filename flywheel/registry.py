@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from annotation_app.consumers import notify_role
@@ -50,30 +50,27 @@ def serve_command(name: str, checkpoint: str) -> str:
     return shlex.join(parts)
 
 
-def load_into_embedded_server(name: str, checkpoint: str, timeout_s: float | None = None) -> str | None:
-    """Ask the embedded policy server to load `checkpoint` as `name` (POST {EMBEDDED_POLICY_URL}/models/load); None
-    when it did (2xx, or 409 with the name already served), else why not. Never raises: a model that cannot be
-    loaded is still registered."""
-    url = settings.EMBEDDED_POLICY_URL.rstrip("/") + "/models/load"
+def load_into_embedded_server(name: str, checkpoint: str, *, replace: bool = False) -> str | None:
+    """Ask the embedded policy server to load `checkpoint` as `name` (POST {EMBEDDED_POLICY_URL}/models/load; with
+    `replace`, DELETE /models/<name> first: the name moves to a new checkpoint); None when it did (2xx; the same name
+    and checkpoint again is a no-op there), else why not. Never raises: a model that cannot load is still registered."""
+    base = settings.EMBEDDED_POLICY_URL.rstrip("/")
     headers = {"Authorization": f"Bearer {settings.POLICY_API_KEY}"} if settings.POLICY_API_KEY else {}
-    timeout = settings.POLICY_TIMEOUT_S if timeout_s is None else timeout_s
     try:
-        response = httpx.post(url, json={"model": name, "checkpoint": checkpoint}, headers=headers, timeout=timeout)
+        if replace:
+            httpx.delete(f"{base}/models/{name}", headers=headers, timeout=settings.POLICY_TIMEOUT_S)
+        response = httpx.post(
+            f"{base}/models/load",
+            json={"model": name, "checkpoint": checkpoint},
+            headers=headers,
+            timeout=settings.POLICY_TIMEOUT_S,
+        )
     except httpx.HTTPError as exc:
-        return f"the embedded policy server did not answer POST {url} ({exc or type(exc).__name__})"
+        return f"the embedded policy server did not answer POST {base}/models/load ({exc or type(exc).__name__})"
     if response.is_success:
         return None
-    if response.status_code == 409 and _lists(name, headers, timeout):  # loaded already (an earlier run)
-        return None
-    return f"the embedded policy server answered {response.status_code} to POST {url}: {response.text[:300]}"
-
-
-def _lists(name: str, headers: dict[str, str], timeout: float) -> bool:
-    try:
-        response = httpx.get(settings.EMBEDDED_POLICY_URL.rstrip("/") + "/models", headers=headers, timeout=timeout)
-        return name in {str(m.get("id")) for m in response.json().get("data", [])}
-    except (httpx.HTTPError, ValueError, AttributeError):
-        return False
+    answer = f"{response.status_code} to POST {base}/models/load: {response.text[:300]}"
+    return f"the embedded policy server answered {answer}"
 
 
 def _free_name(wanted: str) -> str:
@@ -94,8 +91,11 @@ def register_model(iteration: Iteration, *, stage: str, checkpoint: str, metrics
         raise RegistryError("a model needs its checkpoint path")
     if not isinstance(metrics, dict):
         raise RegistryError("metrics must be a JSON object")
+    moved = False
     with transaction.atomic():
-        model = ModelVersion.objects.select_for_update().filter(iteration=iteration, stage=stage).first()
+        with connection.cursor() as cursor:  # one registration per (iteration, stage) at a time
+            cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"flywheel.register.{iteration.pk}.{stage}"])
+        model = ModelVersion.objects.filter(iteration=iteration, stage=stage).first()
         if model is None:
             name = _free_name(f"it{iteration.pk}-{stage}")
             model = ModelVersion.objects.create(
@@ -110,17 +110,20 @@ def register_model(iteration: Iteration, *, stage: str, checkpoint: str, metrics
             )
             model.dataset_versions.set(iteration.dataset_versions.all())
         else:
+            moved = model.checkpoint_uri != checkpoint
             model.checkpoint_uri, model.metrics = checkpoint, metrics
             model.serve_command = serve_command(model.name, checkpoint)
             model.save(update_fields=["checkpoint_uri", "metrics", "serve_command"])
             model.dataset_versions.add(*iteration.dataset_versions.all())
-    if not model.endpoint_url:  # outside the transaction: loading a checkpoint takes a while
-        problem = load_into_embedded_server(model.name, checkpoint)
+    embedded = model.endpoint_url in ("", settings.EMBEDDED_POLICY_URL)
+    if not model.endpoint_url or (moved and embedded):  # outside the transaction: loading takes a while
+        problem = load_into_embedded_server(model.name, checkpoint, replace=moved)
         if problem is None:
             model.endpoint_url, model.served_name = settings.EMBEDDED_POLICY_URL, model.name
             model.notes = ""
         else:
             log.warning("model %s is registered but not served: %s", model.name, problem)
+            model.endpoint_url, model.served_name = "", ""
             model.notes = f"Not served: {problem}. Serve it with the command below and set its endpoint."
         model.save(update_fields=["endpoint_url", "served_name", "notes"])
     push()

@@ -8,7 +8,9 @@ from __future__ import annotations
 import itertools
 import shutil
 import sys
+from pathlib import Path
 
+import httpx
 import pytest
 
 from flywheel import registry
@@ -29,6 +31,7 @@ def models_root(tmp_path_factory):
     root = tmp_path_factory.mktemp("flywheel-runs")
     build_tiny_checkpoint(root / "base")
     shutil.copytree(root / "base", root / "iteration-1" / "sft" / "model")
+    shutil.copytree(root / "base", root / "iteration-1" / "sft" / "retrained")
     return root
 
 
@@ -83,6 +86,12 @@ def test_register_model_is_idempotent_records_lineage_and_loads_it_into_the_poli
 
     registry.promote(model, by=engineer)
     assert ModelVersion.objects.get(is_active=True) == model
+
+    moved = str(models_root / "iteration-1" / "sft" / "retrained")  # the stage ran again into another directory
+    again = registry.register_model(iteration, stage="sft", checkpoint=moved, metrics={"loss": 1.1})
+    assert again.pk == model.pk and again.checkpoint_uri == moved and again.endpoint_url == policy_server
+    cards = {m["id"]: m for m in httpx.get(f"{policy_server}/models").json()["data"]}
+    assert cards[model.name]["root"] == str(Path(moved).resolve())  # the same name, the new checkpoint
 
 
 def test_a_model_the_server_cannot_load_is_registered_without_an_endpoint_and_says_why(settings, tmp_path):
