@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     evaluate.add_argument("--api-key", default="", help="the endpoint's API key")
     evaluate.add_argument("--success-threshold", type=float, default=1.0, help="success: score at least this")
     evaluate.add_argument("--concurrency", type=int, default=4, help="episodes at once (sandbox, --base-url)")
-    evaluate.add_argument("--out", default="", help="screenshots and episodes.jsonl (sandbox: default a temp dir)")
+    evaluate.add_argument("--out", default="", help="keep screenshots and episodes.jsonl here")
 
     plot = stages.add_parser("plot", help="draw metrics.jsonl curves to a PNG")
     plot.add_argument("run", type=Path, help="a run directory or its metrics.jsonl")

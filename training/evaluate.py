@@ -3,6 +3,7 @@ rate with a Wilson 95 % interval, mean return with its standard error, counts pe
 
 from __future__ import annotations
 
+import contextlib
 import math
 import tempfile
 import threading
@@ -167,7 +168,7 @@ def evaluate_checkpoint(
 ) -> dict[str, Any]:
     """Play `episodes` seeds (greedy by default) with the checkpoint loaded here, or through an OpenAI-compatible
     endpoint (`base_url`, e.g. vLLM serving it as `served_model`), on a text env or on sandbox tasks (seed n plays
-    task n mod count; screenshots and the episodes go to `out`, a new temporary folder if not given)."""
+    task n mod count; screenshots and the episodes go to `out`, else to a temporary folder removed afterwards)."""
     if episodes < 1:
         raise ValueError("--episodes must be at least 1")
     seeds = [seed + n for n in range(episodes)]
@@ -180,30 +181,37 @@ def evaluate_checkpoint(
         raise ValueError("--env sandbox needs --tasks FILE (a JSON list or JSONL of OSWorld-format tasks)")
     if not sandbox:
         make_text_env(env_spec)  # an unknown environment fails now
-    run_dir = Path(out) if out else (Path(tempfile.mkdtemp(prefix="eval-")) if sandbox else None)
-    policy: LocalPolicy | RemotePolicy
-    if base_url:
-        policy = RemotePolicy(base_url, served_model or model_path, sampling, api_key=api_key, record_logprobs=False)
-    else:
-        tokenizer, processor = load_tokenizer(model_path)
-        renderer = Renderer(tokenizer, image_processor=processor)
-        policy = LocalPolicy(load_actor(model_path).to(dist.device()).eval(), renderer, sampling)
-    policy.base_dir = run_dir
-    if sandbox:
-        assert run_dir is not None
-        settings = SandboxSettings(found, default_url(sandbox_url), default_api_key(sandbox_api_key),
-                                   run_dir / "images", owner="evaluation")  # fmt: skip
-        played, errors = play(lambda: make_sandbox_env(env_spec, settings), policy.generate_one, seeds,
-                              max_turns=max_turns, concurrency=concurrency)  # fmt: skip
-    elif base_url:
-        played, errors = play(lambda: make_text_env(env_spec), policy.generate_one, seeds, max_turns=max_turns,
-                              concurrency=concurrency)  # fmt: skip
-    else:
-        played, errors = collect_sync(lambda: make_text_env(env_spec), policy, seeds, max_turns), []
-    report = summarise(played, model=model_path, env=env_spec, errors=errors, threshold=success_threshold)
-    if run_dir is not None:
-        write_episodes(run_dir / "episodes.jsonl", played)
-        report["out"] = str(run_dir)
+    with contextlib.ExitStack() as stack:
+        run_dir = Path(out) if out else None
+        if run_dir is None and sandbox:  # screenshots need a home while the episodes run; removed afterwards
+            run_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="eval-")))
+        policy = _policy(model_path, sampling, base_url, served_model, api_key)
+        policy.base_dir = run_dir
+        if sandbox:
+            assert run_dir is not None
+            settings = SandboxSettings(found, default_url(sandbox_url), default_api_key(sandbox_api_key),
+                                       run_dir / "images", owner="evaluation")  # fmt: skip
+            played, errors = play(lambda: make_sandbox_env(env_spec, settings), policy.generate_one, seeds,
+                                  max_turns=max_turns, concurrency=concurrency)  # fmt: skip
+        elif base_url:
+            played, errors = play(lambda: make_text_env(env_spec), policy.generate_one, seeds, max_turns=max_turns,
+                                  concurrency=concurrency)  # fmt: skip
+        else:
+            played, errors = collect_sync(lambda: make_text_env(env_spec), policy, seeds, max_turns), []
+        report = summarise(played, model=model_path, env=env_spec, errors=errors, threshold=success_threshold)
+        if out:
+            write_episodes(Path(out) / "episodes.jsonl", played)
+            report["out"] = out
     if played and not sandbox:
         report["example"] = played[0].messages[-1]["content"]
     return report
+
+
+def _policy(model_path: str, sampling: SamplingParams, base_url: str, served_model: str,
+            api_key: str) -> LocalPolicy | RemotePolicy:  # fmt: skip
+    """The checkpoint loaded here, or the model behind an OpenAI-compatible endpoint."""
+    if base_url:
+        return RemotePolicy(base_url, served_model or model_path, sampling, api_key=api_key, record_logprobs=False)
+    tokenizer, processor = load_tokenizer(model_path)
+    model = load_actor(model_path).to(dist.device()).eval()
+    return LocalPolicy(model, Renderer(tokenizer, image_processor=processor), sampling)

@@ -111,8 +111,6 @@ class PPOConfig:
             raise ValueError(f"pass_at_k needs group_size ≥ pass_k ({self.group_size} < {self.pass_k})")
         if is_sandbox(self.env) and not self.tasks:
             raise ValueError("--env sandbox needs --tasks FILE (a JSON list or JSONL of OSWorld-format tasks)")
-        if is_sandbox(self.env) and self.minibatches != 1:
-            raise ValueError("episodes with images train with minibatches=1 (image rows cannot be split yet)")
 
 
 class PPOTrainer:
@@ -195,6 +193,9 @@ class PPOTrainer:
         samples = [self.renderer.render(e) for e in episodes]
         shaped = [cfg.shaping.apply(s) for s in samples]
         batch = {k: v.to(self.device) for k, v in collate(samples, self.tokenizer.pad_token_id).items()}
+        if "pixel_values" in batch:  # which images are whose, so minibatches can take their rows' images along
+            counts = [0 if s.image_grid_thw is None else int(s.image_grid_thw.shape[0]) for s in samples]
+            batch["image_counts"] = torch.tensor(counts, device=self.device)
         mask = batch["loss_mask"][:, 1:]
         rewards = batch["rewards"][:, 1:].clone()
         batch["mask"] = mask
@@ -274,19 +275,14 @@ class PPOTrainer:
         """ppo_epochs × minibatches optimizer steps on a prepared batch; returns averaged diagnostics."""
         cfg = self.cfg
         size = batch["input_ids"].shape[0]
-        if "pixel_values" in batch and cfg.minibatches > 1:
-            raise ValueError("episodes with images train with minibatches=1 (image rows cannot be split yet)")
         sums: dict[str, float] = {}
         count = 0
         for _ in range(cfg.ppo_epochs):
             order = torch.randperm(size)
             for part in order.chunk(max(1, min(cfg.minibatches, size))):
-                if "pixel_values" in batch:
-                    mini = batch
-                else:
-                    mini = {k: v[part] for k, v in batch.items() if isinstance(v, torch.Tensor)}
-                    if (layout := self._packing(mini)) is not None:
-                        mini = packing.pack(mini, layout)
+                mini = select_rows(batch, part)
+                if (layout := self._packing(mini)) is not None:
+                    mini = packing.pack(mini, layout)
                 tokens = dist.all_sum(float(mini["mask"].sum()))
                 for key, value in self._minibatch_step(mini, tokens).items():
                     sums[key] = sums.get(key, 0.0) + value
@@ -444,6 +440,27 @@ class PPOTrainer:
                 self.critic.save_pretrained(self.out / "critic")
         dist.barrier()
         return {"step": step, **metrics}
+
+
+def select_rows(batch: dict[str, Any], rows: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The tensors of a prepared batch for some of its episodes, in `rows` order; with images, those episodes'
+    images (`image_grid_thw` rows) and their patches (`pixel_values` rows), which the model reads in row order."""
+    vision = ("pixel_values", "image_grid_thw", "image_counts")
+    mini = {k: v[rows] for k, v in batch.items() if isinstance(v, torch.Tensor) and k not in vision}
+    if "pixel_values" not in batch:
+        return mini
+    counts, grid = batch["image_counts"].cpu(), batch["image_grid_thw"]
+    patches = grid.prod(-1).cpu()
+    first_image = torch.cumsum(counts, 0) - counts
+    first_patch = torch.cumsum(patches, 0) - patches
+    images = [i for r in rows.tolist() for i in range(int(first_image[r]), int(first_image[r] + counts[r]))]
+    if not images:  # episodes without screenshots: a text-only minibatch
+        return mini
+    spans = [torch.arange(int(first_patch[i]), int(first_patch[i] + patches[i])) for i in images]
+    mini["pixel_values"] = batch["pixel_values"][torch.cat(spans).to(batch["pixel_values"].device)]
+    mini["image_grid_thw"] = grid[torch.tensor(images, device=grid.device)]
+    mini["image_counts"] = counts[rows.cpu()].to(grid.device)
+    return mini
 
 
 SECRETS = {"sandbox_api_key": ""}  # options never written into a checkpoint's state
