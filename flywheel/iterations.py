@@ -348,7 +348,10 @@ def run_remote_stage(iteration_id: int, stage: str) -> str:
             raise IterationError(f"iteration {iteration_id} has no stage {stage!r}")
         if iteration.cancel_requested:
             return _finish(iteration, Iteration.Status.CANCELLED).status
-        if iteration.stages.get(stage, {}).get("status") != "done":
+        if iteration.stages.get(stage, {}).get("status") == "done":
+            if iteration.current_stage != stage:
+                return "done already"  # a duplicate message: the iteration has gone on without it
+        else:
             try:
                 _run_stage(iteration, stage, CHUNK)
             except Cancelled:
@@ -361,11 +364,11 @@ def run_remote_stage(iteration_id: int, stage: str) -> str:
 
 
 def _dispatch(iteration: Iteration, stage: str) -> None:
-    """Queue a remote stage for its worker: marked `queued` (a stalled `running` one keeps its state for the rerun)."""
-    queue = QUEUES[stage]
-    if iteration.stages.get(stage, {}).get("status") != "running":
-        now = timezone.now().isoformat()
-        merge_entry(iteration, stage, {"status": "queued", "queue": queue, "queued_at": now, "heartbeat": now})
+    """Queue a remote stage for its worker, marked `queued` — unless a live runner holds it (it goes on when done)."""
+    if _held(stage_lock(iteration.pk, stage)):
+        return
+    queue, now = QUEUES[stage], timezone.now().isoformat()
+    merge_entry(iteration, stage, {"status": "queued", "queue": queue, "queued_at": now, "heartbeat": now})
     iteration.current_stage = stage
     iteration.save(update_fields=["current_stage"])
     push(iteration)
