@@ -120,8 +120,9 @@ def cancel(request: HttpRequest, pk: int) -> HttpResponse:
     iteration = get_object_or_404(Iteration, pk=pk)
     try:
         cancel_iteration(iteration)
-    except IterationError as exc:
-        return HttpResponse(str(exc), status=409, content_type="text/plain")
+    except IterationError as exc:  # shown on the iteration's page, with the 409
+        messages.error(request, f"Not cancelled: {exc}.")
+        return _iteration_page(request, iteration, status=409)
     messages.info(request, f"Iteration {pk}: cancel requested.")
     return redirect("flywheel-iteration", pk=pk)
 
@@ -138,15 +139,22 @@ def iteration_detail(request: HttpRequest, pk: int) -> HttpResponse:
             response["HX-Refresh"] = "true"
             return response
         return render(request, "flywheel/_iteration_status.html", context)
-    context.update(
-        summary=routing_summary(iteration),
-        by_mode=route_counts_by(iteration, "trajectory__mode"),
-        by_domain=route_counts_by(iteration, "trajectory__task__domain"),
-        held=iteration.validations.filter(route=Route.HELD).order_by("trajectory_id")[:50],
-        versions=iteration.dataset_versions.select_related("parent"),
-        routes=Route.values,
-    )
-    return render(request, "flywheel/iteration.html", context)
+    return _iteration_page(request, iteration)
+
+
+def _iteration_page(request: HttpRequest, iteration: Iteration, status: int = 200) -> HttpResponse:
+    iteration.refresh_from_db()
+    context = {
+        "it": iteration,
+        "can_run": can_run(request.user),
+        "summary": routing_summary(iteration),
+        "by_mode": route_counts_by(iteration, "trajectory__mode"),
+        "by_domain": route_counts_by(iteration, "trajectory__task__domain"),
+        "held": iteration.validations.filter(route=Route.HELD).order_by("trajectory_id")[:50],
+        "versions": iteration.dataset_versions.select_related("parent"),
+        "routes": Route.values,
+    }
+    return render(request, "flywheel/iteration.html", context, status=status)
 
 
 @require_GET

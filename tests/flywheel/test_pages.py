@@ -270,3 +270,13 @@ def test_the_training_plots_update_from_a_pushed_event_without_a_reload(transact
         assert page.locator("#training-plots polyline").count() == 2  # loss and reward, one line each
         assert page.evaluate("window.stillTheSamePage") is True  # redrawn in place, not reloaded
         expect(page.locator("#iteration-status .training-progress")).to_contain_text("step 7 of 50", timeout=15_000)
+
+
+def test_cancelling_an_ended_iteration_from_its_page_says_why(client, make_user):
+    iteration = Iteration.objects.create(status=Iteration.Status.SUCCEEDED, selected_stages=["validate"])
+    client.force_login(make_user(Role.ML_ENGINEER))
+    response = client.post(reverse("flywheel-cancel", args=[iteration.pk]))
+    assert response.status_code == 409 and f"Not cancelled: iteration {iteration.pk} has already succeeded" in (
+        response.content.decode()
+    )
+    assert f"<h1>Iteration {iteration.pk}</h1>" in response.content.decode()
