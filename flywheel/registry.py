@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from annotation_app.consumers import notify_role
 from annotation_app.models import Role
+from training.policy.client import PolicyError, load_model
 
 from .models import Iteration, ModelPromotion, ModelVersion, Stage, lock_registry
 from .serving import serving_problem
@@ -51,26 +52,22 @@ def serve_command(name: str, checkpoint: str) -> str:
 
 
 def load_into_embedded_server(name: str, checkpoint: str, *, replace: bool = False) -> str | None:
-    """Ask the embedded policy server to load `checkpoint` as `name` (POST {EMBEDDED_POLICY_URL}/models/load; with
-    `replace`, DELETE /models/<name> first: the name moves to a new checkpoint); None when it did (2xx; the same name
-    and checkpoint again is a no-op there), else why not. Never raises: a model that cannot load is still registered."""
-    base = settings.EMBEDDED_POLICY_URL.rstrip("/")
-    headers = {"Authorization": f"Bearer {settings.POLICY_API_KEY}"} if settings.POLICY_API_KEY else {}
+    """Have the embedded policy server serve `checkpoint` as `name` (training.policy.client.load_model: POST
+    {EMBEDDED_POLICY_URL}/models/load; the same name and checkpoint again is a no-op there); with `replace` the name
+    is unloaded first (it moves to a new checkpoint). None when it serves it, else why not. Never raises: a model
+    that cannot be loaded is still registered."""
+    base, key = settings.EMBEDDED_POLICY_URL, settings.POLICY_API_KEY
+    if replace:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        try:
+            httpx.delete(f"{base.rstrip('/')}/models/{name}", headers=headers, timeout=settings.POLICY_TIMEOUT_S)
+        except httpx.HTTPError as exc:
+            return f"the embedded policy server did not answer DELETE /models/{name} ({exc or type(exc).__name__})"
     try:
-        if replace:
-            httpx.delete(f"{base}/models/{name}", headers=headers, timeout=settings.POLICY_TIMEOUT_S)
-        response = httpx.post(
-            f"{base}/models/load",
-            json={"model": name, "checkpoint": checkpoint},
-            headers=headers,
-            timeout=settings.POLICY_TIMEOUT_S,
-        )
-    except httpx.HTTPError as exc:
-        return f"the embedded policy server did not answer POST {base}/models/load ({exc or type(exc).__name__})"
-    if response.is_success:
-        return None
-    answer = f"{response.status_code} to POST {base}/models/load: {response.text[:300]}"
-    return f"the embedded policy server answered {answer}"
+        load_model(base, name, checkpoint, api_key=key)
+    except PolicyError as exc:
+        return str(exc)
+    return None
 
 
 def _free_name(wanted: str) -> str:

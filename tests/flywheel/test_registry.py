@@ -98,7 +98,7 @@ def test_a_model_the_server_cannot_load_is_registered_without_an_endpoint_and_sa
     settings.EMBEDDED_POLICY_URL = CLOSED
     iteration = _iteration()
     model = registry.register_model(iteration, stage="ppo", checkpoint=str(tmp_path / "ppo"), metrics={})
-    assert model.endpoint_url == "" and "did not answer POST http://127.0.0.1:9/v1/models/load" in model.notes
+    assert model.endpoint_url == "" and "policy server at http://127.0.0.1:9/v1 could not load" in model.notes
     assert "vllm serve" in model.serve_command and model.parent is None
     with pytest.raises(registry.NotServable, match="has no endpoint URL"):
         registry.promote(model, by=None)
