@@ -1,0 +1,99 @@
+"""The task suite without a sandbox: seeded generation, the train/held-out split, the task format the importer
+accepts, and the suite_tasks command (its sandbox runs are in test_suite_sandbox.py)."""
+
+import json
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from annotation_app.models import Task
+from annotation_app.task_import import validate_record
+from sandbox.suite import (
+    families,
+    family,
+    make_task,
+    oracle_action,
+    seeds,
+    split_of,
+    suite_tasks,
+    task_id,
+)
+
+
+def test_at_least_twelve_families_of_both_kinds_each_described():
+    names = families()
+    assert len(names) >= 12 and len(set(names)) == len(names)
+    assert {family(n).platform for n in names} == {"browser", "desktop"}
+    assert all(family(n).summary and family(n).levels for n in names)
+    assert any(len(family(n).levels) > 1 for n in names)
+
+
+@pytest.mark.parametrize("name", families())
+def test_generation_is_deterministic_per_seed_and_varies_across_seeds(name):
+    level = max(family(name).levels)
+    train = seeds("train", 8)
+    first = [make_task(name, s, "train", level) for s in train]
+    again = [make_task(name, s, "train", level) for s in train]
+    assert json.dumps(first) == json.dumps(again)
+    assert len({json.dumps(t["config"]) + t["instruction"] for t in first}) >= 4, "seeds barely change the instance"
+
+
+def test_train_and_heldout_seeds_never_overlap_and_tasks_know_their_split():
+    train, heldout = seeds("train", 200), seeds("heldout", 50)
+    assert not set(train) & set(heldout) and len(set(train)) == 200 and len(set(heldout)) == 50
+    assert all(split_of(s) == "train" for s in train) and all(split_of(s) == "heldout" for s in heldout)
+    task = make_task("slider", heldout[0], "heldout", 1)
+    assert task["metadata"] == {"suite": "slider", "seed": heldout[0], "split": "heldout", "difficulty": 1}
+    assert task["id"] == task_id("slider", heldout[0], 1)
+    with pytest.raises(ValueError, match="belongs to the heldout split"):
+        make_task("slider", heldout[0], "train", 1)
+    with pytest.raises(ValueError, match="difficulty levels"):
+        make_task("slider", train[0], "train", 9)
+    with pytest.raises(ValueError, match="unknown task family 'nope'"):
+        make_task("nope", train[0], "train", 1)
+    with pytest.raises(ValueError, match="non-negative integer"):
+        split_of(-1)
+
+
+def test_oracle_action_refuses_a_task_of_another_family():
+    task = make_task("click-button", seeds("train", 1)[0], "train", 1)
+    with pytest.raises(ValueError, match="belongs to family 'click-button'"):
+        oracle_action("slider", task, {})
+
+
+def test_every_task_passes_the_importers_checks():
+    tasks = suite_tasks(train=2, heldout=1)
+    assert len({t["id"] for t in tasks}) == len(tasks)
+    for task in tasks:
+        values, problems = validate_record(task)
+        assert not problems, (task["id"], problems)
+        assert values["platform"] == task["platform"] and values["metadata"]["suite"] == task["metadata"]["suite"]
+
+
+@pytest.mark.django_db
+def test_the_command_writes_and_imports_the_suite_once(tmp_path, capsys):
+    out = tmp_path / "suite.jsonl"
+    call_command("suite_tasks", "--out", str(out), "--import", "--families", "click-button,terminal-file",
+                 "--train", "3", "--heldout", "1", "--levels", "1")  # fmt: skip
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(lines) == 8 and Task.objects.filter(external_id__startswith="suite-").count() == 8
+    task = Task.objects.get(external_id=lines[0]["id"])
+    assert task.metadata["suite"] == "click-button" and task.platform == "browser"
+    assert Task.objects.filter(metadata__split="heldout").count() == 2
+    call_command("suite_tasks", "--import", "--families", "click-button", "--train", "3", "--heldout", "1",
+                 "--levels", "1")  # fmt: skip
+    assert "0 created, 4 skipped" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--import", "--families", "click-button,teleport"], "unknown family teleport"),
+        ([], "say what to do"),
+        (["--import", "--train", "-1"], "--train must be between 0"),
+        (["--import", "--levels", "one"], "--levels takes comma-separated integers"),
+    ],
+)
+def test_the_command_refuses_bad_arguments_clearly(args, message):
+    with pytest.raises(CommandError, match=message):
+        call_command("suite_tasks", *args)

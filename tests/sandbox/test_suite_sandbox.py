@@ -1,0 +1,71 @@
+"""Every suite family on the real sandbox service (its own process, isolated sessions, Chromium, Xvfb): the task's
+setup runs, its verifier scores 0 before, 1 after the oracle plays it, and 0 after the family's wrong actions."""
+
+import sys
+import uuid
+
+import pytest
+import redis
+from django.conf import settings
+
+from sandbox.client import SandboxClient
+from sandbox.desktop import available
+from sandbox.isolation import isolation_available
+from sandbox.suite import families, family, make_task, seeds
+from sandbox.suite.run import oracle_step, solve
+
+from ..servers import answers, free_port, running, subprocess_env
+
+pytestmark = pytest.mark.skipif(
+    not (available() and isolation_available()), reason="needs root, X (Xvfb, openbox, x11vnc) and bubblewrap"
+)
+API_KEY = "test-key-" + uuid.uuid4().hex
+WRONG_STEPS = 3  # the wrong twin plays this many actions (enough to type, save or submit something wrong)
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    port, namespace = free_port(), f"test-{uuid.uuid4().hex}"
+    env = subprocess_env(
+        SANDBOX_API_KEY=API_KEY, SANDBOX_REDIS_URL=f"{settings.REDIS_URL}/12", SANDBOX_CAPACITY="2",
+        SANDBOX_WARM="0", SANDBOX_ROOT=str(tmp_path_factory.mktemp("sessions")), SANDBOX_NAMESPACE=namespace,
+        SANDBOX_ISOLATE="1", SANDBOX_PORT=str(port),
+    )  # fmt: skip
+    log = tmp_path_factory.mktemp("logs") / "service.log"
+    with running([sys.executable, "-m", "sandbox.service"], env, log, answers(f"http://127.0.0.1:{port}/docs")):
+        yield f"http://127.0.0.1:{port}"
+    client = redis.Redis.from_url(f"{settings.REDIS_URL}/12")
+    for key in client.scan_iter(f"{namespace}:*"):
+        client.delete(key)
+
+
+@pytest.fixture
+def client(service):
+    client = SandboxClient(service, API_KEY, owner=f"suite:{uuid.uuid4().hex[:6]}")
+    yield client
+    client.close()
+
+
+def _fresh(client: SandboxClient, task: dict) -> str:
+    session = client.allocate(ttl_s=120, kind=task["platform"])
+    client.setup(session["session_id"], task["config"])
+    return session["session_id"]
+
+
+@pytest.mark.parametrize("name", families())
+def test_the_oracle_scores_1_and_a_wrong_solution_0(client, name):
+    """One instance per family at its hardest level (the multi-step one), first training seed."""
+    task = make_task(name, seeds("train", 1)[0], "train", max(family(name).levels))
+    for wrong in (False, True):
+        sid = _fresh(client, task)
+        try:
+            assert client.evaluate(sid, task["evaluator"], last_action="finished") == 0.0, "solved before acting"
+            if wrong:
+                played = [oracle_step(client, sid, task, wrong=True)[0] for _ in range(WRONG_STEPS)]
+            else:
+                played = solve(client, sid, task)
+                assert played[-1].startswith("finished(")
+            score = client.evaluate(sid, task["evaluator"], last_action="finished")
+            assert score == (0.0 if wrong else 1.0), played
+        finally:
+            client.release(sid)
