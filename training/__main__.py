@@ -8,6 +8,7 @@ import dataclasses
 import json
 import signal
 import sys
+import threading
 import typing
 from pathlib import Path
 from typing import Any
@@ -116,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     # Stopped by a supervisor (Celery revoking the stage): unwind like Ctrl-C, so sandbox sessions are given back.
-    previous = signal.signal(signal.SIGTERM, _interrupted)
+    main_thread = threading.current_thread() is threading.main_thread()  # signals can be handled there only
+    previous = signal.signal(signal.SIGTERM, _interrupted) if main_thread else None
     try:
         return run(args)
     except ValueError as exc:  # a bad option or input file: its message, not a traceback
@@ -125,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"interrupted ({exc or 'Ctrl-C'})", file=sys.stderr)
         return 130
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _interrupted(signum: int, frame: Any) -> None:
