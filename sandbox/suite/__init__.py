@@ -21,7 +21,7 @@ def families() -> list[str]:
     return list(REGISTRY)
 
 
-def oracle_action(name: str, task: dict[str, Any], state: dict[str, Any]) -> str:
+def oracle_action(name: str, task: Any, state: dict[str, Any]) -> str:
     """A correct next UI-TARS action (screen pixels) for the task in `state`; finished() when it is done."""
     fam, spec = spec_of(task)
     if fam.name != name:
@@ -29,7 +29,7 @@ def oracle_action(name: str, task: dict[str, Any], state: dict[str, Any]) -> str
     return fam.oracle(spec, state)
 
 
-def wrong_action(name: str, task: dict[str, Any], state: dict[str, Any]) -> str:
+def wrong_action(name: str, task: Any, state: dict[str, Any]) -> str:
     """A plausible wrong action (a distractor or a wrong value), for tests and imperfect simulated annotators."""
     fam, spec = spec_of(task)
     if fam.name != name:

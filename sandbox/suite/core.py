@@ -114,9 +114,10 @@ def make_task(name: str, seed: int, split: Split, difficulty: int = 1) -> dict[s
     }
 
 
-def spec_of(task: dict[str, Any]) -> tuple[Family, dict[str, Any]]:
-    """The family and ground truth of a suite task (an imported Task's fields work too: only metadata is read)."""
-    meta = task.get("metadata") or {}
-    if "suite" not in meta:
+def spec_of(task: Any) -> tuple[Family, dict[str, Any]]:
+    """The family and ground truth of a suite task: a task dict, or anything with its `metadata` (an imported Task
+    row); only the metadata is read."""
+    meta = (task.get("metadata") if isinstance(task, dict) else getattr(task, "metadata", None)) or {}
+    if not isinstance(meta, dict) or "suite" not in meta:
         raise ValueError("not a suite task: its metadata has no 'suite'")
     return family(meta["suite"]), instance(meta["suite"], int(meta["seed"]), int(meta["difficulty"]))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from ..client import SandboxClient
@@ -10,10 +11,8 @@ from .core import spec_of
 from .page import PROBE
 
 
-def read_state(client: SandboxClient, session_id: str, task: dict[str, Any]) -> dict[str, Any]:
+def read_state(client: SandboxClient, session_id: str, task: Any) -> dict[str, Any]:
     """What the oracle needs about the session now: the page's boxes and state, or the desktop's window and files."""
-    import json
-
     fam, spec = spec_of(task)
     if isinstance(fam, DesktopFamily):
         result = client.shell(session_id, fam.probe(spec))
@@ -24,7 +23,7 @@ def read_state(client: SandboxClient, session_id: str, task: dict[str, Any]) -> 
 
 
 def oracle_step(
-    client: SandboxClient, session_id: str, task: dict[str, Any], *, wrong: bool = False
+    client: SandboxClient, session_id: str, task: Any, *, wrong: bool = False
 ) -> tuple[str, dict[str, Any]]:
     """Read the state, ask the oracle (or its `wrong` twin) for the next action and run it in screen pixels (waiting
     for the screen to settle, as a live step does); the action and the state it was chosen in."""
@@ -36,7 +35,7 @@ def oracle_step(
     return action, state
 
 
-def solve(client: SandboxClient, session_id: str, task: dict[str, Any], max_steps: int = 40) -> list[str]:
+def solve(client: SandboxClient, session_id: str, task: Any, max_steps: int = 40) -> list[str]:
     """Play the oracle until it says finished(); the actions taken. The session must have run the task's setup."""
     actions: list[str] = []
     state: dict[str, Any] = {}

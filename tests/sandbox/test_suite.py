@@ -11,9 +11,11 @@ from annotation_app.task_import import validate_record
 from sandbox.suite import (
     families,
     family,
+    instance,
     make_task,
     oracle_action,
     seeds,
+    spec_of,
     split_of,
     suite_tasks,
     task_id,
@@ -79,6 +81,7 @@ def test_the_command_writes_and_imports_the_suite_once(tmp_path, capsys):
     assert len(lines) == 8 and Task.objects.filter(external_id__startswith="suite-").count() == 8
     task = Task.objects.get(external_id=lines[0]["id"])
     assert task.metadata["suite"] == "click-button" and task.platform == "browser"
+    assert spec_of(task)[1] == instance("click-button", task.metadata["seed"], 1)  # the oracle reads a Task row too
     assert Task.objects.filter(metadata__split="heldout").count() == 2
     call_command("suite_tasks", "--import", "--families", "click-button", "--train", "3", "--heldout", "1",
                  "--levels", "1")  # fmt: skip

@@ -21,6 +21,8 @@ pytestmark = pytest.mark.skipif(
 )
 API_KEY = "test-key-" + uuid.uuid4().hex
 WRONG_STEPS = 3  # the wrong twin plays this many actions (enough to type, save or submit something wrong)
+# The editor's unsaved text can't be read: after a wrong save the oracle would type its text after the old one.
+NOT_REPAIRABLE = {"editor-save"}
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +56,9 @@ def _fresh(client: SandboxClient, task: dict) -> str:
 
 @pytest.mark.parametrize("name", families())
 def test_the_oracle_scores_1_and_a_wrong_solution_0(client, name):
-    """One instance per family at its hardest level (the multi-step one), first training seed."""
+    """One instance per family at its hardest level (the multi-step one), first training seed. After the wrong
+    actions the oracle still reaches the goal from that state (except where it can't see the damage, see
+    NOT_REPAIRABLE)."""
     task = make_task(name, seeds("train", 1)[0], "train", max(family(name).levels))
     for wrong in (False, True):
         sid = _fresh(client, task)
@@ -62,10 +66,11 @@ def test_the_oracle_scores_1_and_a_wrong_solution_0(client, name):
             assert client.evaluate(sid, task["evaluator"], last_action="finished") == 0.0, "solved before acting"
             if wrong:
                 played = [oracle_step(client, sid, task, wrong=True)[0] for _ in range(WRONG_STEPS)]
-            else:
-                played = solve(client, sid, task)
-                assert played[-1].startswith("finished(")
-            score = client.evaluate(sid, task["evaluator"], last_action="finished")
-            assert score == (0.0 if wrong else 1.0), played
+                assert client.evaluate(sid, task["evaluator"], last_action="finished") == 0.0, played
+                if name in NOT_REPAIRABLE:
+                    continue
+            played = solve(client, sid, task)
+            assert played[-1].startswith("finished(")
+            assert client.evaluate(sid, task["evaluator"], last_action="finished") == 1.0, played
         finally:
             client.release(sid)
