@@ -9,10 +9,11 @@ from typing import Any
 
 from . import apps, web_basic, web_multi  # noqa: F401  (they register the families)
 from .core import REGISTRY, SPLITS, Split, family, instance, make_task, seeds, spec_of, split_of, task_id
+from .judge import agrees
 
 __all__ = [
-    "SPLITS", "Split", "families", "family", "instance", "make_task", "oracle_action", "seeds", "spec_of", "split_of",
-    "suite_tasks", "task_id", "wrong_action",
+    "SPLITS", "Split", "accepts", "agrees", "families", "family", "instance", "make_task", "oracle_action", "seeds",
+    "spec_of", "split_of", "suite_tasks", "task_id", "wrong_action",
 ]  # fmt: skip
 
 
@@ -27,6 +28,12 @@ def oracle_action(name: str, task: Any, state: dict[str, Any]) -> str:
     if fam.name != name:
         raise ValueError(f"the task belongs to family {fam.name!r}, not {name!r}")
     return fam.oracle(spec, state)
+
+
+def accepts(name: str, task: Any, state: dict[str, Any], proposed: str) -> bool:
+    """Whether a simulated annotator accepts `proposed` (action text, screen pixels): it does what the oracle's
+    next action does in `state` (same element, text, keys or direction; see judge.py)."""
+    return agrees(oracle_action(name, task, state), proposed, state)
 
 
 def wrong_action(name: str, task: Any, state: dict[str, Any]) -> str:

@@ -9,6 +9,8 @@ from django.core.management import CommandError, call_command
 from annotation_app.models import Task
 from annotation_app.task_import import validate_record
 from sandbox.suite import (
+    accepts,
+    agrees,
     families,
     family,
     instance,
@@ -19,6 +21,7 @@ from sandbox.suite import (
     split_of,
     suite_tasks,
     task_id,
+    wrong_action,
 )
 
 
@@ -100,3 +103,68 @@ def test_the_command_writes_and_imports_the_suite_once(tmp_path, capsys):
 def test_the_command_refuses_bad_arguments_clearly(args, message):
     with pytest.raises(CommandError, match=message):
         call_command("suite_tasks", *args)
+
+
+STATE = {  # what page.PROBE reads: two buttons, a slider track and its handle
+    "w": 1280, "h": 800, "sx": 0, "sy": 0, "st": {"clicked": None},
+    "els": {
+        "b0": {"x": 100, "y": 100, "w": 150, "h": 50, "shown": True},
+        "b1": {"x": 300, "y": 100, "w": 150, "h": 50, "shown": True},
+        "s0": {"x": 200, "y": 400, "w": 500, "h": 12, "shown": True},
+        "h0": {"x": 438, "y": 388, "w": 24, "h": 36, "shown": True},
+    },
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("oracle", "proposed", "same"),
+    [
+        ("click(start_box='(175,125)')", "click(start_box='(104,146)')", True),  # anywhere on the same button
+        ("click(start_box='(175,125)')", "click(start_box='(310,125)')", False),  # the other button
+        ("click(start_box='(175,125)')", "left_double(start_box='(175,125)')", False),
+        ("click(start_box='(900,600)')", "click(start_box='(905,596)')", True),  # no element there: near enough
+        ("click(start_box='(900,600)')", "click(start_box='(930,600)')", False),
+        ("drag(start_box='(450,406)', end_box='(550,406)')", "drag(start_box='(445,400)', end_box='(556,410)')", True),
+        ("drag(start_box='(450,406)', end_box='(550,406)')", "drag(start_box='(450,406)', end_box='(575,406)')", False),
+        ("type(content='apple\\n')", "type(content='apple\\n')", True),
+        ("type(content='apple\\n')", "type(content='apple')", False),
+        ("hotkey(key='ctrl a')", "hotkey(key='a ctrl')", True),
+        ("scroll(start_box='(640,400)', direction='down')", "scroll(direction='down')", True),
+        ("scroll(start_box='(640,400)', direction='down')", "scroll(direction='up')", False),
+        ("finished(content='done')", "finished(content='clicked it')", True),
+        ("click(start_box='(175,125)')", "clik(start_box='(175,125)')", False),  # does not parse
+        ("click(start_box='(175,125)')", "click(start_box='(175,125)')\n\nwait()", False),
+    ],
+)
+def test_the_judge_accepts_a_proposal_that_does_what_the_oracle_does(oracle, proposed, same):
+    assert agrees(oracle, proposed, STATE) is same
+
+
+def test_accepts_compares_with_the_families_own_oracle():
+    task = make_task("click-button", seeds("train", 1)[0], "train", 1)
+    spec = instance("click-button", task["metadata"]["seed"], 1)
+    boxes = {f"b{i}": {"x": x, "y": y, "w": 150, "h": 50, "shown": True} for i, (x, y) in enumerate(spec["pos"])}
+    state = {"w": 1280, "h": 800, "st": {"clicked": None}, "els": boxes}
+    target, other = boxes[f"b{spec['target']}"], boxes[f"b{(spec['target'] + 1) % 3}"]
+    assert accepts("click-button", task, state, f"click(start_box='({target['x'] + 5},{target['y'] + 45})')")
+    assert not accepts("click-button", task, state, f"click(start_box='({other['x'] + 75},{other['y'] + 25})')")
+    assert accepts("click-button", task, state, wrong_action("click-button", task, state)) is False
+
+
+def test_the_same_seeds_give_the_same_tasks_in_another_process_whatever_its_hash_seed():
+    import hashlib
+    import subprocess
+    import sys
+
+    from ..servers import ROOT
+
+    code = (
+        "import hashlib, json; from sandbox.suite import suite_tasks; "
+        "print(hashlib.sha256(json.dumps(suite_tasks(train=2, heldout=1)).encode()).hexdigest())"
+    )
+    here = hashlib.sha256(json.dumps(suite_tasks(train=2, heldout=1)).encode()).hexdigest()
+    for hash_seed in ("1", "2"):
+        env = {"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": hash_seed}
+        out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == here
