@@ -51,9 +51,9 @@ def start(
         )
 
 
-def group_members(pgid: int) -> list[int]:
-    """Pids whose process group is `pgid` (read from /proc: the leader may be gone while its children run)."""
-    found = []
+def _processes() -> dict[int, tuple[int, int, str]]:
+    """{pid: (ppid, pgrp, start time)} of the live (not zombie) processes, from /proc."""
+    found = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -61,37 +61,72 @@ def group_members(pgid: int) -> list[int]:
             stat = Path(f"/proc/{entry}/stat").read_text()
         except OSError:
             continue
-        fields = stat.rsplit(")", 1)[-1].split()  # after "pid (comm)": state, ppid, pgrp, …
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
-            found.append(int(entry))
+        fields = stat.rsplit(")", 1)[-1].split()  # after "pid (comm)": state, ppid, pgrp, …, starttime (20th)
+        if len(fields) > 19 and fields[0] != "Z":
+            found[int(entry)] = (int(fields[1]), int(fields[2]), fields[19])
     return found
 
 
-def stop_group(pgid: int, grace: float = GRACE_S) -> None:
-    """SIGTERM the process group, wait up to `grace` seconds, then SIGKILL what is left."""
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
+def group_members(pgid: int) -> list[int]:
+    """Pids whose process group is `pgid` (the leader may be gone while its children run)."""
+    return [pid for pid, (_, group, _) in _processes().items() if group == pgid]
+
+
+def tree(pid: int) -> list[int]:
+    """`pid`, its descendants and its process group's members: torchrun starts its ranks in sessions of their own."""
+    table = _processes()
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        if current in found:
+            continue
+        found.append(current)
+        todo += [child for child, (parent, _, _) in table.items() if parent == current]
+    found += [p for p, (_, group, _) in table.items() if group == pid and p not in found]
+    return [p for p in found if p in table]
+
+
+def stop_pids(pids: list[int], grace: float = GRACE_S) -> None:
+    """SIGTERM each process, wait up to `grace` seconds, then SIGKILL what is left (the same processes: a pid reused
+    meanwhile, told apart by its start time, is left alone)."""
+    table = _processes()
+    started = {pid: table[pid][2] for pid in pids if pid in table}
+
+    def alive() -> list[int]:
+        now = _processes()
+        return [pid for pid, start in started.items() if pid in now and now[pid][2] == start]
+
+    for pid in alive():
+        _signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while group_members(pgid) and time.monotonic() < deadline:  # zombies don't count: the caller reaps its child
+    while alive() and time.monotonic() < deadline:  # zombies don't count: the caller reaps its child
         time.sleep(0.1)
+    for pid in alive():
+        _signal(pid, signal.SIGKILL)
+
+
+def _signal(pid: int, sig: int) -> None:
     try:
-        os.killpg(pgid, signal.SIGKILL)
+        os.kill(pid, sig)
     except ProcessLookupError:
         pass
 
 
-def stop_orphan(host: str | None, pgid: int | None, marker: str) -> bool:
-    """Stop a process group an earlier (killed) run left behind on this host, when its processes still run `marker`
-    (the run directory) — a recycled group id never gets a signal. Returns whether there was one."""
-    if not pgid or host != socket.gethostname():
+def stop_group(pgid: int, grace: float = GRACE_S) -> None:
+    """Stop the child `pgid` leads: its process group and every descendant (SIGTERM, then SIGKILL after `grace`)."""
+    stop_pids(tree(pgid), grace)
+
+
+def stop_orphan(host: str | None, marker: str) -> bool:
+    """Stop what an earlier (killed) run left running on this host: the processes whose command line names `marker`,
+    the stage's own run directory (torchrun's ranks outlive their launcher). Returns whether there were any."""
+    if host != socket.gethostname():
         return False
-    ours = [pid for pid in group_members(pgid) if marker in _cmdline(pid)]
-    if not ours:
-        return False
-    stop_group(pgid)
-    return True
+    me = os.getpid()
+    ours = [pid for pid in _processes() if pid != me and marker in _cmdline(pid)]
+    if ours:
+        stop_pids(ours)
+    return bool(ours)
 
 
 def _cmdline(pid: int) -> str:

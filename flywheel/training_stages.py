@@ -133,6 +133,8 @@ def check_train_config(raw: dict[str, Any] | None) -> dict[str, Any]:
                 raise ValueError(f"{stage}.env must be a sandbox spec (sandbox or sandbox:max_steps=N)")
             _check_value(f"{stage}.{name}", value, fields[name])
         out[stage] = {**PRESETS[preset].get(stage, {}), **overrides}
+        if stage in (Stage.CT, Stage.SFT) and out[stage].get("batch_episodes", nproc) < nproc:
+            raise ValueError(f"{stage}.batch_episodes must be at least nproc ({nproc}): every process takes an episode")
     return out
 
 
@@ -381,7 +383,7 @@ class Watch:
 def _prepare(iteration: Iteration, stage: str, command_dir: Path) -> dict[str, Any]:
     """Before (re)running: stop a trainer an earlier attempt left running on this host."""
     entry = iteration.stages[stage]
-    if subprocesses.stop_orphan(entry.get("host"), entry.get("pgid"), str(command_dir)):
+    if entry.get("pgid") and subprocesses.stop_orphan(entry.get("host"), str(command_dir) + os.sep):
         entry["orphan_stopped"] = entry.get("orphan_stopped", 0) + 1
     entry["attempts"] = entry.get("attempts", 0) + 1
     return entry

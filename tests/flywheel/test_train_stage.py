@@ -126,6 +126,7 @@ def test_the_command_follows_the_model_chain_and_the_preset(media, runs, tiny_pa
         (["sft"], {"train": {"sft": {"warp": 9}}}, "not an option of `python -m training sft`"),
         (["sft"], {"train": {"sft": {"lr": "fast"}}}, "sft.lr must be float"),
         (["sft"], {"train": {"nproc": 0}}, "nproc must be"),
+        (["sft"], {"train": {"nproc": 4, "sft": {"batch_episodes": 2}}}, "batch_episodes must be at least nproc"),
         (["sft"], {"evaluate": {"episodes": 0}}, "episodes must be"),
         (["sft"], {"train": "tiny"}, "config.train must be an object"),
     ],

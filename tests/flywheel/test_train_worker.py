@@ -14,7 +14,7 @@ from django.urls import reverse
 
 from flywheel.iterations import requeue_stalled, start_iteration
 from flywheel.models import DatasetVersion, Iteration, ModelVersion, Validation
-from flywheel.subprocesses import group_members
+from flywheel.subprocesses import group_members, tree
 
 from ..conftest import api_client_for, celery_worker
 from .train_helpers import long_sft, sft_trajectories, tiny_base, wait_for
@@ -47,24 +47,30 @@ def _training(iteration: Iteration, at_least: int = 1) -> bool:
     return entry.get("status") == "running" and entry.get("done", 0) >= at_least and bool(entry.get("pgid"))
 
 
-def test_cancel_kills_the_trainers_process_group(media, runs, transactional_db, tmp_path, make_user):
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_cancel_kills_the_trainers_process_group(nproc, media, runs, transactional_db, tmp_path, make_user):
+    """With nproc 2 the group is torchrun and its two ranks: all of them go."""
     sft_trajectories(3)
     base = tiny_base(tmp_path / "tiny")
     engineer = make_user("ml_engineer")
     with celery_worker(tmp_path / "worker.log", FLYWHEEL_RUNS_ROOT=str(runs)) as log:
         iteration = start_iteration(
             engineer, base_model=base, stages=["validate", "export", "sft"],
-            config={"v": {"threshold": 0.5}, "train": long_sft()},
+            config={"v": {"threshold": 0.5}, "train": long_sft(nproc=nproc)},
         )  # fmt: skip
-        running = wait_for(iteration.pk, _training, log=log)
+        running = wait_for(iteration.pk, lambda i: _training(i) or i.finished, log=log)
+        assert not running.finished, running.error
         pgid = running.stages["sft"]["pgid"]
-        assert group_members(pgid), "the trainer runs in its own process group"
+        trainers = tree(pgid)  # with torchrun: the launcher and its ranks (in sessions of their own)
+        assert pgid in group_members(pgid) and len(trainers) >= (1 if nproc == 1 else 1 + nproc), trainers
+        assert ("torch.distributed.run" in running.stages["sft"]["command"]) == (nproc > 1)
         response = api_client_for(engineer).post(reverse("flywheel-iteration-cancel", args=[iteration.pk]))
         assert response.status_code in (200, 202), response.content
         cancelled = wait_for(iteration.pk, lambda i: i.finished, log=log)
     assert cancelled.status == Iteration.Status.CANCELLED, cancelled.error
     assert cancelled.stages["sft"]["status"] == "cancelled"
     assert _gone(pgid), f"trainer group {pgid} still runs: {group_members(pgid)}"
+    assert not [pid for pid in trainers if _alive(pid)], "every trainer process is gone"
     assert not ModelVersion.objects.filter(iteration=iteration).exists()
 
 

@@ -61,6 +61,8 @@ def wait_for(pk: int, done: Callable[[Iteration], bool], timeout: float = 300, l
     raise AssertionError(f"iteration {pk} stuck: {Iteration.objects.get(pk=pk).stages}\n{tail}")
 
 
-def long_sft(steps: int = 400) -> dict:
-    """Trainer options for an SFT run long enough to interrupt: one episode a step, a checkpoint every step."""
-    return {"preset": "tiny-cpu", "sft": {"batch_episodes": 1, "epochs": 200, "max_steps": steps, "save_every": 1}}
+def long_sft(steps: int = 400, nproc: int = 1) -> dict:
+    """Trainer options for an SFT run long enough to interrupt: one episode a process and step, a checkpoint every
+    step."""
+    sft = {"batch_episodes": nproc, "epochs": 200, "max_steps": steps, "save_every": 1}
+    return {"preset": "tiny-cpu", "nproc": nproc, "sft": sft}
