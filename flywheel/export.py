@@ -25,6 +25,7 @@ import functools
 import hashlib
 import io
 import os
+import shutil
 import subprocess
 import tempfile
 from collections import Counter
@@ -102,6 +103,20 @@ def _replace(name: str, content: File) -> str:
     if saved != name:
         raise RuntimeError(f"storage saved {name!r} as {saved!r}")
     return saved
+
+
+def _publish(local: str, name: str) -> None:
+    """Put a finished local file into storage under exactly `name`: moved (a rename when on the same filesystem, no
+    second copy of a large Parquet file) for filesystem storage, else uploaded."""
+    try:
+        target = default_storage.path(name)
+    except NotImplementedError:  # remote storage (S3): upload it
+        with open(local, "rb") as handle:
+            _replace(name, File(handle))
+        return
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    shutil.move(local, target)
+    os.chmod(target, settings.FILE_UPLOAD_PERMISSIONS or 0o644)
 
 
 def _sha256_file(path: str) -> tuple[str, int]:
@@ -309,8 +324,7 @@ def export_store(
                 *((w.role, str(w.path), f"{formats.SUBDIR}/{w.path.name}") for w in others),
             ):
                 sha, size = _sha256_file(local)
-                with open(local, "rb") as handle:
-                    _replace(f"{base}/{name}", File(handle))
+                _publish(local, f"{base}/{name}")
                 files.append({"path": name, "role": role, "sha256": sha, "bytes": size, "version": number})
         parent_counts = parent.manifest.get("counts", {}).get("total", {}) if parent else {}
         total_counts = {key: dict(Counter(parent_counts.get(key, {})) + counter) for key, counter in counts.items()}
