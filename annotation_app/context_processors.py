@@ -6,19 +6,27 @@ from django.http.request import split_domain_port
 
 from .permissions import Capability, can
 
-NAV = [
-    ("annotate", "My queue", Capability.ANNOTATE),
-    ("insitu", "Think-aloud", Capability.ANNOTATE),
-    ("lead", "Task pool", Capability.MANAGE_TASKS),
-    ("lead-trajectories", "Trajectories", Capability.VIEW_TRAJECTORIES),
-    ("flywheel", "Flywheel", Capability.VIEW_FLYWHEEL),
+# (url name, label, capability needed, capability whose holders get a better entry instead)
+NAV: list[tuple[str, str, Capability, Capability | None]] = [
+    ("annotate", "My queue", Capability.ANNOTATE, None),
+    ("insitu", "Think-aloud", Capability.ANNOTATE, None),
+    ("lead", "Task pool", Capability.MANAGE_TASKS, None),
+    ("lead-trajectories", "Trajectories", Capability.VIEW_TRAJECTORIES, None),
+    ("flywheel", "Flywheel", Capability.VIEW_FLYWHEEL, None),
+    # Data leads read the stores and the model registry (the flywheel overview links both for ML engineers).
+    ("flywheel-stores", "Stores", Capability.VIEW_TRAJECTORIES, Capability.VIEW_FLYWHEEL),
+    ("flywheel-models", "Models", Capability.VIEW_TRAJECTORIES, Capability.VIEW_FLYWHEEL),
 ]
 
 
 def navigation(request: HttpRequest) -> dict:
     user = getattr(request, "user", None)
     return {
-        "nav": [(name, label) for name, label, capability in NAV if can(user, capability)],
+        "nav": [
+            (name, label)
+            for name, label, capability, unless in NAV
+            if can(user, capability) and not (unless and can(user, unless))
+        ],
         "events_url": events_url(request),
     }
 

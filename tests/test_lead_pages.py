@@ -114,3 +114,17 @@ def test_a_refused_change_stores_nothing_and_says_why(lead_client, form, reason)
     assert response.status_code == 400 and reason in response.content.decode()
     task.refresh_from_db()
     assert (task.instruction, task.difficulty, task.status) == ("Keep me", 2, Task.Status.PENDING)
+
+
+def test_data_leads_reach_the_stores_and_the_model_registry_from_the_navigation(client, lead, engineer):
+    """Leads may read the stores and models but not the flywheel overview, so they get their own entries; ML
+    engineers reach both from the overview and see no duplicate entries."""
+    stores, models = reverse("flywheel-stores"), reverse("flywheel-models")
+    client.force_login(lead)
+    nav = client.get(reverse("lead")).content.decode().split("<nav", 1)[1].split("</nav>", 1)[0]
+    assert f'href="{stores}"' in nav and f'href="{models}"' in nav
+    assert client.get(stores).status_code == 200 and client.get(models).status_code == 200
+    client.force_login(engineer)
+    page = client.get(reverse("flywheel")).content.decode()
+    nav = page.split("<nav", 1)[1].split("</nav>", 1)[0]
+    assert f'href="{stores}"' not in nav and f'href="{models}"' not in nav

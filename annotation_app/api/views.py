@@ -200,7 +200,7 @@ class ModelVersionViewSet(
         if not form.validated_data["force"] and (problem := serving_problem(model)):
             why = f"{model.name} was not promoted: {problem}. Send force=true to promote it anyway."
             raise trajectories.Conflict(why)
-        model.promote()
+        model.promote(by=request.user, forced=form.validated_data["force"], reason="promoted through /api/models/")
         return Response(s.ModelVersionSerializer(model).data)
 
 
