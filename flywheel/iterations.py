@@ -30,18 +30,18 @@ from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce, JSONObject
 from django.utils import timezone
 
-from annotation_app.consumers import notify_role
-from annotation_app.models import Review, Role, Step, Trajectory
+from annotation_app.models import Review, Step, Trajectory
 
 from .locks import advisory_lock
 from .models import AVAILABLE_STAGES, DatasetVersion, Iteration, ModelVersion, Route, Stage, Validation
+from .orm import OrmConfig, attach_orm_scores
+from .progress import EVENT, Cancelled, IterationError, as_json, progress, push, state_of  # noqa: F401 (re-exported)
 from .validation import Review as ReviewSignal
 from .validation import Signals, VConfig, Verdict, validate
 
 log = logging.getLogger(__name__)
 
 CHUNK = 2000  # trajectories per round trip: a constant number of queries per chunk, whatever the step count
-EVENT = "flywheel_iteration"
 RUN_TASK = "flywheel.run_iteration"  # flywheel.tasks.run_iteration_task, on the `flywheel` queue
 COORDINATES = ("absolute", "relative1000")
 # Stages that run on a queue of their own (CELERY_TASK_ROUTES routes by the task name's prefix); the rest run in
@@ -58,14 +58,6 @@ STAGE_TASKS = {"sandbox": "sandbox.flywheel_stage", "train": "training.flywheel_
 TRAINING_STAGES = (Stage.CT, Stage.SFT, Stage.VALUE, Stage.PPO)
 PROMOTE = ("manual", "auto")
 SECTIONS = ("v", "export", "rft", "orm", "train", "evaluate", "promote")
-
-
-class Cancelled(Exception):
-    """The iteration was cancelled while a stage ran."""
-
-
-class IterationError(ValueError):
-    """A request to start or cancel that cannot be honoured; the message says why (a 400 or 409 to callers)."""
 
 
 # --- starting and cancelling ---------------------------------------------------------------------------------------
@@ -265,28 +257,6 @@ def reopen_iteration(iteration: Iteration) -> Iteration:
     return iteration
 
 
-def state_of(iteration: Iteration) -> dict[str, Any]:
-    """What the pages and the websocket show of an iteration."""
-    return {
-        "id": iteration.pk,
-        "status": iteration.status,
-        "current_stage": iteration.current_stage,
-        "stages": iteration.stages,
-        "cancel_requested": iteration.cancel_requested,
-        "error": iteration.error,
-    }
-
-
-def push(iteration: Iteration) -> None:
-    """Tell the open flywheel pages (ML engineers and data leads) that this iteration changed."""
-    state = state_of(iteration)
-    for role in (Role.ML_ENGINEER, Role.DATA_LEAD):
-        try:
-            notify_role(role, EVENT, iteration=state)
-        except Exception:  # a push is a courtesy: pages also poll, the row is the truth
-            log.warning("could not push iteration %s", iteration.pk, exc_info=True)
-
-
 # --- running ---------------------------------------------------------------------------------------------------------
 
 
@@ -382,7 +352,7 @@ def merge_entry(iteration: Iteration, stage: str, values: dict[str, Any]) -> Non
         cursor.execute(
             f"UPDATE {Iteration._meta.db_table} SET stages = jsonb_set(stages, %s, "
             "coalesce(stages -> %s, '{}'::jsonb) || %s::jsonb) WHERE id = %s",
-            [[stage], stage, _json(values), iteration.pk],
+            [[stage], stage, as_json(values), iteration.pk],
         )
 
 
@@ -466,34 +436,6 @@ def _run_stage(iteration: Iteration, stage: str, chunk: int) -> None:
     entry["output"] = output
     iteration.save(update_fields=["stages"])
     push(iteration)
-
-
-def progress(iteration: Iteration, stage: str, done: int, total: int | None) -> None:
-    """Record progress within a stage, push it (at most every PUSH_EVERY_S, and at the end), and stop when a cancel
-    was asked for (one UPDATE … RETURNING)."""
-    entry = iteration.stages[stage]
-    entry["done"], entry["total"], entry["heartbeat"] = done, total, timezone.now().isoformat()
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {Iteration._meta.db_table} SET stages = %s::jsonb WHERE id = %s RETURNING cancel_requested",
-            [_json(iteration.stages), iteration.pk],
-        )
-        row = cursor.fetchone()
-    now = time.monotonic()
-    if done == total or now - _last_push.get(iteration.pk, 0.0) >= PUSH_EVERY_S:
-        _last_push[iteration.pk] = now
-        push(iteration)
-    if row and row[0]:
-        iteration.cancel_requested = True
-        raise Cancelled
-
-
-PUSH_EVERY_S = 0.5
-_last_push: dict[int, float] = {}
-
-
-def _json(value: Any) -> str:
-    return json.dumps(value, default=str)
 
 
 # --- scope -----------------------------------------------------------------------------------------------------------
@@ -629,6 +571,7 @@ def validate_and_route(
     """Give every trajectory in scope its Validation for this iteration (V, components, route, reason); resumes
     where an interrupted run stopped. Returns the stage's output: counts by route and the share that reached SFT."""
     config = VConfig.from_dict(iteration.config.get("v"))
+    orm = OrmConfig.from_dict(iteration.config.get("orm"))
     scope = scope_queryset(iteration)
     mine = Validation.objects.filter(iteration=iteration)
     total = scope.count()
@@ -637,6 +580,7 @@ def validate_and_route(
     report = on_chunk or (lambda d, t: progress(iteration, Stage.VALIDATE, d, t))
     report(done, total)
     for signals in _chunks_of_signals(pending, chunk):
+        attach_orm_scores(signals, orm)  # the generative ORM, where enabled: fills Signals.orm and orm_source
         verdicts = [(s.trajectory_id, validate(s, config)) for s in signals]
         insert_validations(iteration.pk, verdicts)
         done += len(verdicts)
@@ -680,11 +624,17 @@ def routing_summary(iteration: Iteration) -> dict[str, Any]:
     )
     validated = sum(counts.values())
     by_route = {route: counts.get(route, 0) for route in Route.values}
-    return {
+    summary: dict[str, Any] = {
         "validated": validated,
         "routes": by_route,
         "sft_share": round(by_route[Route.SFT] / validated, 4) if validated else None,
     }
+    if (iteration.config.get("orm") or {}).get("enabled"):
+        judged = Validation.objects.filter(iteration=iteration, components__has_key="orm")
+        summary["orm"] = judged.aggregate(
+            asked=Count("id"), unscored=Count("id", filter=Q(components__orm__value=None))
+        )
+    return summary
 
 
 def route_counts_by(iteration: Iteration, field: str) -> dict[str, dict[str, int]]:

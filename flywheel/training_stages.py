@@ -26,8 +26,8 @@ from django.utils import timezone
 from annotation_app.models import Task
 
 from . import subprocesses
-from .iterations import Cancelled, IterationError, progress
 from .models import DatasetVersion, Iteration, ModelVersion, Stage
+from .progress import Cancelled, IterationError, progress
 
 TRAINING = (Stage.CT, Stage.SFT, Stage.VALUE, Stage.PPO)
 MODEL_CHAIN = (Stage.CT, Stage.SFT, Stage.PPO)  # VALUE makes PPO's critic, not a policy

@@ -169,7 +169,7 @@ def test_trajectories_submitted_after_the_start_wait_for_the_next_iteration():
 
 
 def test_progress_is_pushed_over_the_websocket(monkeypatch):
-    monkeypatch.setattr("flywheel.iterations.PUSH_EVERY_S", 0.0)  # every chunk (by default at most 2 a second)
+    monkeypatch.setattr("flywheel.progress.PUSH_EVERY_S", 0.0)  # every chunk (by default at most 2 a second)
     population(random.Random(8), 8)
     iteration = _iteration()
 
