@@ -121,3 +121,14 @@ def test_trajectory_page_shows_the_proposals_of_each_live_step(client, lead):
     assert "2 model proposals shown, number 2 accepted · model 812 ms" in page
     assert "2 model proposals shown, overridden" in page
     assert "invalid: does not parse: unknown action &#x27;fly&#x27;" in page
+
+
+def test_the_demo_data_holds_the_task_suite_with_training_and_held_out_instances(demo):
+    from sandbox.suite import families
+
+    suite = Task.objects.exclude(metadata__suite=None)
+    assert {t.metadata["suite"] for t in suite} == set(families())
+    splits = {t.metadata["split"] for t in suite}
+    assert splits == {"train", "heldout"}
+    assert suite.count() == 3 * len(families())  # the second seed_demo imported nothing twice
+    assert all(t.evaluator for t in suite)

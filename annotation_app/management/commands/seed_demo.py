@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
@@ -173,4 +174,7 @@ class Command(BaseCommand):
                 action=typed_action("finished(content='date.txt holds the date')"),
             )
             submit(trajectory)
+        # The bundled verifiable task suite (sandbox/suite, docs/task-suite.md): two training instances and one
+        # held-out instance of every family at level 1, so RFT, PPO and evaluation have tasks in the demo.
+        call_command("suite_tasks", "--import", "--train", "2", "--heldout", "1", "--levels", "1", verbosity=0)
         self.stdout.write(self.style.SUCCESS("Demo data ready."))
