@@ -32,6 +32,7 @@ from django.utils import timezone
 
 from annotation_app.models import Review, Step, Trajectory
 
+from .formats import PARQUET_IMAGES
 from .locks import advisory_lock
 from .models import AVAILABLE_STAGES, DatasetVersion, Iteration, ModelVersion, Route, Stage, Validation
 from .orm import OrmConfig, attach_orm_scores
@@ -123,11 +124,14 @@ def _check_core(config: dict[str, Any]) -> dict[str, Any]:
     except (TypeError, ValueError) as exc:
         raise IterationError(f"config.v: {exc}") from None
     export = dict(config.get("export") or {})
-    if sorted(set(export) - {"coordinates"}):
-        raise IterationError("config.export takes only 'coordinates'")
+    if sorted(set(export) - {"coordinates", "parquet_images"}):
+        raise IterationError("config.export takes only 'coordinates' and 'parquet_images'")
     coordinates = export.get("coordinates", "absolute")
     if coordinates not in COORDINATES:
         raise IterationError(f"config.export.coordinates must be one of {', '.join(COORDINATES)}")
+    parquet_images = export.get("parquet_images", "bytes")
+    if parquet_images not in PARQUET_IMAGES:
+        raise IterationError(f"config.export.parquet_images must be one of {', '.join(PARQUET_IMAGES)}")
     for version in latest_versions().values():
         frame = version.manifest.get("coordinates")
         if frame and frame != coordinates:
@@ -135,7 +139,7 @@ def _check_core(config: dict[str, Any]) -> dict[str, Any]:
                 f"the {version.get_kind_display()} store is in {frame} coordinates; an export appends to it in the "
                 f"same frame (set config.export.coordinates to {frame!r})"
             )
-    return {"v": v.to_dict(), "export": {"coordinates": coordinates}}
+    return {"v": v.to_dict(), "export": {"coordinates": coordinates, "parquet_images": parquet_images}}
 
 
 def check_stages(stages: list[str], base_model: ModelVersion | None, config: dict[str, Any]) -> None:

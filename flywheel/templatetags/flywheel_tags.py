@@ -23,6 +23,12 @@ def _number(value: Any) -> float | None:
 
 
 @register.filter
+def earlier_files(version: Any) -> int:
+    """How many of a store version's manifest files belong to its earlier versions (listed by reference)."""
+    return sum(1 for f in version.manifest.get("files", []) if f.get("version") != version.number)
+
+
+@register.filter
 def percent(value: Any) -> str:
     """0.4 → '40.0%'; anything else '—'."""
     number = _number(value)

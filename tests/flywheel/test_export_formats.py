@@ -320,3 +320,14 @@ def test_the_stores_page_links_and_serves_the_format_files(stores, make_user):
         body = b"".join(client.get(url).streaming_content)
         assert hashlib.sha256(body).hexdigest() == entry["sha256"]
     assert client.get(reverse("flywheel-dataset-file", args=[version.pk, "formats/other.jsonl"])).status_code == 404
+
+
+def test_the_stores_page_counts_the_files_earlier_versions_hold():
+    """A version lists its parents' files by reference; the page counts them whatever the number of formats."""
+    from types import SimpleNamespace
+
+    from flywheel.templatetags.flywheel_tags import earlier_files
+
+    files = [{"version": 1}] * 7 + [{"version": 2}] * 7
+    assert earlier_files(SimpleNamespace(number=2, manifest={"files": files})) == 7
+    assert earlier_files(SimpleNamespace(number=1, manifest={})) == 0

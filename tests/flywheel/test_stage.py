@@ -201,6 +201,8 @@ def test_progress_is_pushed_over_the_websocket(monkeypatch):
         ({"modes": ["telepathy"]}, "unknown mode"),
         ({"config": {"v": {"threshold": 3}}}, "config.v: threshold"),
         ({"config": {"export": {"coordinates": "polar"}}}, "coordinates must be one of"),
+        ({"config": {"export": {"parquet_images": "base64"}}}, "parquet_images must be one of"),
+        ({"config": {"export": {"zip": True}}}, "takes only 'coordinates' and 'parquet_images'"),
         ({"config": {"other": 1}}, "unknown config section"),
     ],
 )
@@ -219,3 +221,8 @@ def test_abandoned_trajectories_are_never_in_scope():
     run_iteration(iteration.pk)
     validated = set(Validation.objects.filter(iteration=iteration).values_list("trajectory_id", flat=True))
     assert validated == set(pop.in_scope) - set(abandoned)
+
+
+def test_the_parquet_image_choice_is_recorded_on_the_iteration():
+    iteration = start_iteration(None, enqueue=False, config={"export": {"parquet_images": "paths"}})
+    assert iteration.config["export"] == {"coordinates": "absolute", "parquet_images": "paths"}
