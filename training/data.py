@@ -151,6 +151,7 @@ class Renderer:
         self.max_length = max_length
         self.eos = tokenizer.eos_token
         self.image_pad = tokenizer.convert_tokens_to_ids("<|image_pad|>") if image_processor is not None else None
+        self.vision_tokens = vision_token_ids(tokenizer)
 
     def template(self, messages: list[dict[str, Any]], generation_prompt: bool = False) -> str:
         plain = [{"role": m["role"], "content": _template_content(m["content"])} for m in messages]
@@ -255,6 +256,8 @@ class Renderer:
         out: list[int] = []
         for token in tokens:
             if token == self.image_pad:
+                if index >= len(grids):  # e.g. a reply that spelled out <|image_pad|> (policies suppress it)
+                    raise EpisodeFormatError(f"more image placeholders than the episode's {len(grids)} image(s)")
                 out += [token] * int(grids[index].prod() // merge)
                 index += 1
             else:
@@ -296,3 +299,14 @@ def collate(samples: list[Sample], pad_id: int) -> dict[str, torch.Tensor]:
         out["pixel_values"] = torch.cat([s.pixel_values for s in with_images])  # type: ignore[misc]
         out["image_grid_thw"] = torch.cat([s.image_grid_thw for s in with_images])  # type: ignore[misc]
     return out
+
+
+VISION_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
+
+
+def vision_token_ids(tokenizer: Any) -> list[int]:
+    """Ids of the tokenizer's vision placeholders: only the renderer may place them, so a policy never generates them
+    (a generated <|image_pad|> would ask for an image the episode does not have)."""
+    unknown = tokenizer.unk_token_id
+    ids = [tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS if t in tokenizer.get_vocab()]
+    return [i for i in ids if i is not None and i != unknown]

@@ -115,6 +115,7 @@ class LocalPolicy:
                 max_new_tokens=s.max_new_tokens,
                 pad_token_id=self.pad_id,
                 eos_token_id=self.eos_id,
+                suppress_tokens=self.renderer.vision_tokens or None,
                 **sampling,
             )
             self.model.train(was_training)

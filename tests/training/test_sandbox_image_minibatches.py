@@ -72,3 +72,31 @@ def test_the_local_policy_generates_from_screenshots_and_their_pixels_matter(tin
             for i in inputs
         ]  # fmt: skip
     assert not torch.allclose(last[0], last[1])
+
+
+def test_policies_never_generate_the_vision_placeholders(tiny_vision, tmp_path):
+    """A sampled <|image_pad|> would ask the renderer for an image the episode does not have (PPO then failed in
+    prepare); the tiny vocabulary makes one likely in a few hundred sampled tokens unless generation suppresses it."""
+    from training.data import EpisodeFormatError, vision_token_ids
+
+    tokenizer, processor = load_tokenizer(tiny_vision)
+    renderer = Renderer(tokenizer, image_processor=processor)
+    vision = set(vision_token_ids(tokenizer))
+    assert len(vision) == 4
+    policy = LocalPolicy(load_actor(tiny_vision).eval(), renderer, SamplingParams(max_new_tokens=96, temperature=1.5))
+    policy.base_dir = tmp_path
+    Image.new("RGB", (448, 336), "white").save(tmp_path / "s.png")
+    content = [{"type": "text", "text": "Next?"}, {"type": "image", "image": "s.png"}]
+    conversation = [{"role": "user", "content": content}]
+    replies, _ = policy.generate([conversation] * 8)
+    generated = [t for r in replies for t in tokenizer(r.text, add_special_tokens=False)["input_ids"]]
+    assert len(generated) > 300 and not vision & set(generated)
+    # And an episode that does spell one out is refused with a message, not an IndexError.
+    with_pad = [*conversation, {"role": "assistant", "content": "Thought: x<|image_pad|>\nAction: wait()"}]
+    episode = Episode(id="e", messages=with_pad, meta={"base_dir": str(tmp_path)})
+    try:
+        renderer.render(episode)
+    except EpisodeFormatError as exc:
+        assert "image placeholders" in str(exc)
+    else:
+        raise AssertionError("an extra image placeholder was rendered")

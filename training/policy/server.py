@@ -36,6 +36,8 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
 
+from training.data import vision_token_ids
+
 from .served import LoadError, ServedModels
 
 DEFAULT_CHECKPOINT = Path("var/models/tiny-uitars")
@@ -189,6 +191,7 @@ class PolicyEngine:
         self.name = name or self.checkpoint.name
         self.created = int(time.time())
         self.tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+        self.vision_tokens = vision_token_ids(self.tokenizer)  # placed by the template only, never generated
         # A vision-language checkpoint (UI-TARS, the tiny one) or a text-only causal LM (the trainer's text tasks).
         vision = hasattr(AutoConfig.from_pretrained(checkpoint), "vision_config")
         self.image_processor = AutoImageProcessor.from_pretrained(checkpoint) if vision else None
@@ -345,6 +348,7 @@ class PolicyEngine:
                     stopping_criteria=stopping,
                     eos_token_id=self.eos,
                     pad_token_id=self.tokenizer.pad_token_id,
+                    suppress_tokens=self.vision_tokens or None,
                     streamer=_Steps(on_step),
                 )
             finally:
