@@ -159,7 +159,7 @@ def test_start_records_the_iteration_and_its_config(make_user, django_capture_on
     assert body["status"] == "pending" and body["started_by"] == engineer.username
     assert body["selected_stages"] == ["validate", "export"]
     assert body["config"]["v"]["threshold"] == 0.6 and body["config"]["v"]["weights"]["verifier"] == 2.0
-    assert body["config"]["export"] == {"coordinates": "absolute"}
+    assert body["config"]["export"] == {"coordinates": "absolute", "parquet_images": "bytes"}
     assert len(callbacks) == 1  # queued on commit (the worker test runs it)
 
 
