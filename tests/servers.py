@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -91,3 +92,23 @@ def web_stack(tmp_path: Path, *, http_port: int = 0, ws_port: int = 0, **env_ext
         running(gunicorn, env, tmp_path / "gunicorn.log", answers(f"{base}/healthz")),
     ):
         yield base
+
+
+@contextmanager
+def sandbox_service(root: Path, logs: Path, api_key: str, *, warm: int = 0, redis_db: int = 12) -> Iterator[str]:
+    """A sandbox service of its own (isolated sessions, capacity 2, its own Redis namespace, cleared afterwards);
+    yields its base URL."""
+    import redis
+
+    port, namespace = free_port(), f"test-{uuid.uuid4().hex}"
+    env = subprocess_env(
+        SANDBOX_API_KEY=api_key, SANDBOX_REDIS_URL=f"{settings.REDIS_URL}/{redis_db}", SANDBOX_CAPACITY="2",
+        SANDBOX_WARM=str(warm), SANDBOX_ROOT=str(root), SANDBOX_NAMESPACE=namespace, SANDBOX_ISOLATE="1",
+        SANDBOX_PORT=str(port),
+    )  # fmt: skip
+    with running([sys.executable, "-m", "sandbox.service"], env, logs / "service.log",
+                 answers(f"http://127.0.0.1:{port}/docs")):  # fmt: skip
+        yield f"http://127.0.0.1:{port}"
+    client = redis.Redis.from_url(f"{settings.REDIS_URL}/{redis_db}")
+    for key in client.scan_iter(f"{namespace}:*"):
+        client.delete(key)

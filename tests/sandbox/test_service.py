@@ -2,20 +2,17 @@
 
 import io
 import subprocess
-import sys
 import time
 import uuid
 
 import pytest
-import redis
-from django.conf import settings
 from PIL import Image
 
 from sandbox.client import ActionError, NoCapacityError, SandboxClient, SandboxError, SessionGoneError
 from sandbox.desktop import available
 from sandbox.isolation import isolation_available
 
-from ..servers import answers, free_port, running, subprocess_env
+from ..servers import sandbox_service
 
 pytestmark = pytest.mark.skipif(
     not (available() and isolation_available()), reason="needs root, X (Xvfb, openbox, x11vnc) and bubblewrap"
@@ -25,18 +22,9 @@ API_KEY = "test-key-" + uuid.uuid4().hex
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
-    port, namespace = free_port(), f"test-{uuid.uuid4().hex}"
-    env = subprocess_env(
-        SANDBOX_API_KEY=API_KEY, SANDBOX_REDIS_URL=f"{settings.REDIS_URL}/12", SANDBOX_CAPACITY="2",
-        SANDBOX_WARM="1", SANDBOX_ROOT=str(tmp_path_factory.mktemp("sessions")), SANDBOX_NAMESPACE=namespace,
-        SANDBOX_ISOLATE="1", SANDBOX_PORT=str(port),
-    )  # fmt: skip
-    log = tmp_path_factory.mktemp("logs") / "service.log"
-    with running([sys.executable, "-m", "sandbox.service"], env, log, answers(f"http://127.0.0.1:{port}/docs")):
-        yield f"http://127.0.0.1:{port}"
-    client = redis.Redis.from_url(f"{settings.REDIS_URL}/12")
-    for key in client.scan_iter(f"{namespace}:*"):
-        client.delete(key)
+    root, logs = tmp_path_factory.mktemp("sessions"), tmp_path_factory.mktemp("logs")
+    with sandbox_service(root, logs, API_KEY, warm=1) as url:
+        yield url
 
 
 @pytest.fixture
