@@ -21,6 +21,9 @@ class User(AbstractUser):
     """A person using the platform; `role` decides what they may see and do (see annotation_app.permissions)."""
 
     role = models.CharField(max_length=20, choices=Role.choices, default=Role.ANNOTATOR)
+    is_simulated = models.BooleanField(
+        default=False, help_text="A program, not a person (the flywheel demonstration's simulated annotators)."
+    )
 
 
 class Task(models.Model):
@@ -51,6 +54,15 @@ class Task(models.Model):
     evaluator = models.JSONField(default=dict, blank=True, help_text="OSWorld `evaluator`: {func, result, expected}.")
     metadata = models.JSONField(default=dict, blank=True)
     parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children")
+    project = models.CharField(
+        max_length=100, blank=True, default="", db_index=True, help_text="Groups tasks under one ProjectSettings."
+    )
+    required_annotations = models.PositiveSmallIntegerField(
+        default=1, help_text="k: how many different annotators must each submit a trajectory (dual annotation)."
+    )
+    is_gold = models.BooleanField(
+        default=False, help_text="Known verifier and answer; mixed into queues to measure annotators' accuracy."
+    )
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.PENDING)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -143,6 +155,12 @@ class Trajectory(models.Model):
     screen_width = models.PositiveIntegerField(default=1920)
     screen_height = models.PositiveIntegerField(default=1080)
     outcome_reward = models.FloatField(null=True, blank=True, help_text="Evaluator result, 0..1, when known.")
+    simulated = models.BooleanField(default=False, help_text="Made by a simulated annotator, not a person.")
+    flags = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Curation flags [{kind, detail, at}]: not_executable, divergent_steps, near_duplicate…",
+    )
     metadata = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -186,6 +204,7 @@ class Step(models.Model):
         EXECUTING = "executing", "Executing"  # stored before its action was sent to the sandbox
         DONE = "done", "Done"  # the action ran and its result was recorded
         FAILED = "failed", "Failed"  # sent, but its result was never recorded: the desktop may have run it
+        CUT = "cut", "Cut by a reviewer"  # kept for its history, left out of exports and validation
 
     trajectory = models.ForeignKey(Trajectory, on_delete=models.CASCADE, related_name="steps")
     index = models.PositiveIntegerField()
@@ -270,6 +289,9 @@ class Review(models.Model):
     reviewer = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="reviews")
     verdict = models.CharField(max_length=10, choices=Verdict.choices)
     score = models.PositiveSmallIntegerField(null=True, blank=True, help_text="Quality 1..5, optional.")
+    scores = models.JSONField(
+        default=dict, blank=True, help_text="Rubric scores {criterion key: value}, per the project's rubric."
+    )
     comment = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -411,3 +433,124 @@ class Capture(models.Model):
     def archive_path(self) -> str:
         """Where the uploaded archive lives in storage (relative to MEDIA_ROOT)."""
         return f"captures/{self.pk}/capture.tar"
+
+
+class ProjectSettings(models.Model):
+    """A data lead's per-project review configuration: the rubric, the review sampling policy and the gold rate.
+    Tasks name their project in `Task.project`; the empty name is the default project."""
+
+    project = models.CharField(max_length=100, unique=True, blank=True, default="")
+    rubric = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Criteria [{key, label, min, max}], e.g. task_completed, efficient, thoughts_explain_actions (1-5).",
+    )
+    review_first_n = models.PositiveIntegerField(
+        default=5, help_text="Review every one of a new annotator's first N submitted trajectories."
+    )
+    review_share = models.FloatField(default=0.2, help_text="Share of later trajectories sampled for review, 0..1.")
+    gold_rate = models.FloatField(default=0.1, help_text="Share of queue hand-outs that are gold tasks, 0..1.")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name_plural = "project settings"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(review_share__gte=0, review_share__lte=1, gold_rate__gte=0, gold_rate__lte=1),
+                name="project_settings_shares_0_1",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"settings of project {self.project or '(default)'}"
+
+
+class StepVerdict(models.Model):
+    """A reviewer's verdict on one step; one per (step, reviewer), the latest wins."""
+
+    class Verdict(models.TextChoices):
+        OK = "ok", "OK"
+        WRONG_ACTION = "wrong_action", "Wrong action"
+        WRONG_THOUGHT = "wrong_thought", "Wrong thought"
+        BAD_SCREENSHOT = "bad_screenshot", "Bad screenshot"
+
+    step = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="verdicts")
+    reviewer = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="step_verdicts")
+    verdict = models.CharField(max_length=20, choices=Verdict.choices)
+    note = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["step", "reviewer"], name="one_verdict_per_step_reviewer")]
+
+    def __str__(self) -> str:
+        return f"{self.verdict} on step {self.step_id} by {self.reviewer}"
+
+
+class StepEdit(models.Model):
+    """One change a reviewer made to a step (its thought, its action, or a cut); the step holds the edited value,
+    so the history of edits keeps every original."""
+
+    class Field(models.TextChoices):
+        THOUGHT = "thought", "Thought"
+        ACTION = "action", "Action"
+        STATUS = "status", "Status (cut or restored)"
+
+    step = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="edits")
+    editor = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="step_edits")
+    field = models.CharField(max_length=10, choices=Field.choices)
+    before = models.TextField(blank=True)
+    after = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["step_id", "created_at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.field} of step {self.step_id} by {self.editor}"
+
+
+class ReviewAssignment(models.Model):
+    """A trajectory handed to a reviewer from the review queue; never to the trajectory's own annotator."""
+
+    class Status(models.TextChoices):
+        ACTIVE = "active", "Active"
+        DONE = "done", "Done"
+        RELEASED = "released", "Released"
+
+    trajectory = models.ForeignKey(Trajectory, on_delete=models.CASCADE, related_name="review_assignments")
+    reviewer = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="review_assignments")
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.ACTIVE)
+    reason = models.CharField(max_length=40, blank=True, help_text="Why it was queued: new_annotator, sampled…")
+    assigned_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["trajectory"], condition=Q(status="active"), name="one_active_review_per_trajectory"
+            ),
+        ]
+        indexes = [models.Index(fields=["reviewer", "status"])]
+
+    def __str__(self) -> str:
+        return f"review of trajectory {self.trajectory_id} by {self.reviewer} ({self.status})"
+
+
+class Adjudication(models.Model):
+    """A data lead's decision between disagreeing annotations of one task: the trajectory that stands, or none."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="adjudications")
+    lead = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="adjudications")
+    chosen = models.ForeignKey(
+        Trajectory, null=True, blank=True, on_delete=models.SET_NULL, related_name="adjudications_won"
+    )
+    note = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"adjudication of task {self.task_id}: {self.chosen_id or 'neither'}"

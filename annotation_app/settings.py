@@ -71,6 +71,9 @@ INSTALLED_APPS = [
     "channels",
     "annotation_app",
     "flywheel",
+    "annotation_app.quality",
+    "annotation_app.curation",
+    "annotation_app.webhooks",
 ]
 
 MIDDLEWARE = [

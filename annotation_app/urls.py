@@ -49,6 +49,9 @@ urlpatterns = [
     path("flywheel/stores/<int:pk>/files/<path:path>", flywheel_views.dataset_file, name="flywheel-dataset-file"),
     path("media/<path:path>", views.media, name="media"),
     path("api/", include("annotation_app.api.urls")),
+    path("", include("annotation_app.quality.urls")),
+    path("", include("annotation_app.curation.urls")),
+    path("", include("annotation_app.webhooks.urls")),
     path("admin/", admin.site.urls),
 ]
 

@@ -1,0 +1,1 @@
+"""Curation of the trajectory store: executability verification by replay, near-duplicate grouping, flags."""

@@ -1,0 +1,1 @@
+"""Quality dashboards for data leads: precomputed per-annotator, per-model and coverage aggregates (/lead/quality/)."""

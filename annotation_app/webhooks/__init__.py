@@ -1,0 +1,1 @@
+"""Signed outgoing webhooks for platform events, with retries and a delivery log."""

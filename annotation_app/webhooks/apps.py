@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class WebhooksConfig(AppConfig):
+    name = "annotation_app.webhooks"
+    label = "webhooks"
+    verbose_name = "Webhooks"
