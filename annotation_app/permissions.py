@@ -28,15 +28,28 @@ class Capability(StrEnum):
     REVIEW = "review"  # approve or reject submitted trajectories
     VIEW_FLYWHEEL = "view_flywheel"  # flywheel overview and model registry
     MANAGE_MODELS = "manage_models"  # register and promote model versions
+    MANAGE_WEBHOOKS = "manage_webhooks"  # add webhooks, read their secrets and delivery log
 
 
 GRANTS: dict[str, frozenset[Capability]] = {
     Role.ANNOTATOR: frozenset({Capability.ANNOTATE, Capability.VIEW_TASKS}),
     Role.DATA_LEAD: frozenset(
-        {Capability.VIEW_TASKS, Capability.MANAGE_TASKS, Capability.VIEW_TRAJECTORIES, Capability.REVIEW}
+        {
+            Capability.VIEW_TASKS,
+            Capability.MANAGE_TASKS,
+            Capability.VIEW_TRAJECTORIES,
+            Capability.REVIEW,
+            Capability.MANAGE_WEBHOOKS,
+        }
     ),
     Role.ML_ENGINEER: frozenset(
-        {Capability.VIEW_TASKS, Capability.VIEW_TRAJECTORIES, Capability.VIEW_FLYWHEEL, Capability.MANAGE_MODELS}
+        {
+            Capability.VIEW_TASKS,
+            Capability.VIEW_TRAJECTORIES,
+            Capability.VIEW_FLYWHEEL,
+            Capability.MANAGE_MODELS,
+            Capability.MANAGE_WEBHOOKS,
+        }
     ),
 }
 

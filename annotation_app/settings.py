@@ -202,6 +202,8 @@ ASSIGNMENT_TTL_HOURS = float(env("ASSIGNMENT_TTL_HOURS", "24"))
 # (its worker was killed) is queued again by the beat job.
 FLYWHEEL_RUNS_ROOT = Path(env("FLYWHEEL_RUNS_ROOT", str(BASE_DIR / "var" / "flywheel-runs")))
 FLYWHEEL_STALL_S = float(env("FLYWHEEL_STALL_S", "120"))
+# How often the beat job recomputes the quality dashboards' aggregates (seconds).
+QUALITY_REFRESH_S = float(env("QUALITY_REFRESH_S", "300"))
 
 REDIS_URL = env("REDIS_URL", "redis://127.0.0.1:63790")
 REDIS_DB_CELERY = int(env("REDIS_DB_CELERY", "0"))
@@ -265,7 +267,16 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": 300.0,
     },
     "flywheel-requeue-stalled": {"task": "flywheel.requeue_stalled", "schedule": max(5.0, FLYWHEEL_STALL_S / 2)},
+    # The quality dashboards read precomputed aggregates (annotation_app.quality); this recomputes them.
+    "quality-refresh": {"task": "annotation_app.quality.refresh", "schedule": QUALITY_REFRESH_S},
+    "webhooks-resend-overdue": {"task": "annotation_app.webhooks.resend_overdue", "schedule": 300.0},
 }
+
+# Outgoing webhooks (annotation_app.webhooks): a receiver gets WEBHOOK_TIMEOUT_S to answer 2xx; a failed delivery is
+# tried again after WEBHOOK_RETRY_BASE_S x 4^(attempt-1) seconds, WEBHOOK_MAX_ATTEMPTS times in all.
+WEBHOOK_TIMEOUT_S = float(env("WEBHOOK_TIMEOUT_S", "10"))
+WEBHOOK_RETRY_BASE_S = float(env("WEBHOOK_RETRY_BASE_S", "30"))
+WEBHOOK_MAX_ATTEMPTS = int(env("WEBHOOK_MAX_ATTEMPTS", "6"))
 
 # Live interactive annotation: the sandbox service that leases desktops, the websockify bridge pages connect to, and
 # how the annotation model is asked for proposals (the model itself is the active flywheel.ModelVersion).

@@ -5,3 +5,8 @@ class WebhooksConfig(AppConfig):
     name = "annotation_app.webhooks"
     label = "webhooks"
     verbose_name = "Webhooks"
+
+    def ready(self) -> None:
+        from .signals import connect
+
+        connect()
