@@ -8,6 +8,9 @@ from typing import Any
 
 import httpx
 
+from .outline import OUTLINE_JS, Element
+from .outline import parse as parse_outline
+
 
 class SandboxError(Exception):
     """An error answered by the service: `code` (e.g. "no_capacity"), HTTP `status` and its message."""
@@ -101,6 +104,11 @@ class SandboxClient:
         return self._call(
             "POST", f"/sessions/{session_id}/verify", json={"owner": self.owner, "script": script}
         ).json()["value"]
+
+    def outline(self, session_id: str) -> list[Element]:
+        """A browser session's visible interactive elements (sandbox.outline: role, label, value, box in screen
+        pixels), read by JavaScript in its page: an observation a model may be given beside the screenshot."""
+        return parse_outline(self.verify(session_id, OUTLINE_JS))
 
     def renew(self, session_id: str, ttl_s: float | None = None) -> dict[str, Any]:
         return self._call("POST", f"/sessions/{session_id}/renew", json={"owner": self.owner, "ttl_s": ttl_s}).json()
