@@ -6,7 +6,7 @@ from django.urls import include, path
 
 from flywheel import views as flywheel_views
 
-from . import insitu_views, lead_views, views
+from . import insitu_views, lead_views, review_queue_views, views
 from .live import views as live_views
 
 urlpatterns = [
@@ -31,6 +31,7 @@ urlpatterns = [
     path("lead/trajectories/", lead_views.trajectories, name="lead-trajectories"),
     path("lead/tasks/<int:pk>/", lead_views.task_page, name="lead-task"),
     path("lead/tasks/<int:pk>/change/", lead_views.task_change, name="lead-task-change"),
+    path("lead/trajectories/<int:pk>/verdict/", review_queue_views.trajectory_verdict, name="lead-trajectory-verdict"),
     path("trajectories/<int:pk>/", views.trajectory_detail, name="trajectory"),
     path("trajectories/<int:pk>/review/", views.trajectory_review, name="trajectory-review"),
     path("trajectories/<int:pk>/fix/", views.trajectory_fix, name="trajectory-fix"),

@@ -15,7 +15,7 @@ from django.http import FileResponse, Http404, HttpRequest, HttpResponse, JsonRe
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
-from . import task_pool, task_queue, trajectories
+from . import rubric, task_pool, task_queue, trajectories
 from .live import sessions as live
 from .models import Capture, Review, Role, Task, Trajectory
 from .permissions import Capability, can, requires, trajectories_visible_to
@@ -256,21 +256,21 @@ def trajectory_retry(request: HttpRequest, pk: int) -> HttpResponse:
 @require_POST
 @requires(Capability.REVIEW)
 def trajectory_review(request: HttpRequest, pk: int) -> HttpResponse:
+    """The trajectory page's review form; the same checks and effects as the verdict panel (annotation_app.rubric),
+    with rubric scores (`score-<key>`) and a reason optional here."""
     trajectory = get_object_or_404(Trajectory.objects.select_related("task", "annotator", "model_version"), pk=pk)
-    verdict = request.POST.get("verdict", "")
-    score = request.POST.get("score", "")
-    if verdict not in Review.Verdict.values or (score and score not in {"1", "2", "3", "4", "5"}):
-        error = "Choose approve or reject, and a score from 1 to 5 if you give one."
-        return _trajectory_page(request, trajectory, error, status=400)
     try:
-        trajectories.review(
-            trajectory,
-            request.user,
-            verdict,
-            score=int(score) if score else None,
-            comment=request.POST.get("comment", "")[:5000],
+        verdict = rubric.parse_verdict(
+            rubric.rubric_for_trajectory(trajectory),
+            request.POST,
+            rubric.scores_from_form(request.POST),
+            complete=False,
+            reason_required=False,
         )
-    except Conflict as exc:
+        rubric.record_verdict(trajectory, request.user, verdict)
+    except rubric.RubricError as exc:
+        return _trajectory_page(request, trajectory, str(exc), status=400)
+    except rubric.VerdictConflict as exc:
         return _trajectory_page(request, trajectory, str(exc), status=409)
     return redirect("trajectory", pk=pk)
 

@@ -1,0 +1,72 @@
+"""Every review-queue, verdict and project-settings route for every role: data leads (and superusers) only; nobody
+reviews their own trajectory. tests/test_authorization.py takes REVIEW_ROUTES as covered."""
+
+from __future__ import annotations
+
+import pytest
+from django.urls import reverse
+
+from annotation_app.models import Trajectory
+
+from ..conftest import ROLES, api_client_for
+from ..factories import TaskFactory, TrajectoryFactory
+
+A, L, M, S = "annotator", "data_lead", "ml_engineer", "superuser"
+LEADS = {L, S}
+
+# (url name, method, kind, roles allowed)
+REVIEW_MATRIX: list[tuple[str, str, str, set[str]]] = [
+    ("lead-trajectory-verdict", "get", "page", LEADS),
+    ("lead-trajectory-verdict", "post", "page", LEADS),
+]
+REVIEW_ROUTES = {name for name, *_ in REVIEW_MATRIX}
+
+
+@pytest.fixture
+def trajectory(db):
+    return TrajectoryFactory(task=TaskFactory(), status=Trajectory.Status.SUBMITTED)
+
+
+def _url(name: str, trajectory: Trajectory) -> str:
+    if "verdict" in name:
+        return reverse(name, args=[trajectory.pk])
+    return reverse(name)
+
+
+@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize(
+    ("name", "method", "kind", "allowed"), REVIEW_MATRIX, ids=[f"{m} {n}" for n, m, *_ in REVIEW_MATRIX]
+)
+def test_authorization(role, name, method, kind, allowed, trajectory, make_user):
+    client = api_client_for(None)
+    if role != "anonymous":
+        user = make_user(role)
+        client = api_client_for(user)
+        client.force_login(user)
+    url = _url(name, trajectory)
+    response = getattr(client, method)(
+        url, data={} if method != "get" else None, format="json" if kind == "api" else None
+    )
+    code = response.status_code
+    assert code != 500
+    if role in allowed:
+        assert code not in (401, 403), f"{role} should reach {method} {url}, got {code}"
+        assert not (code == 302 and "/accounts/login/" in response.get("Location", ""))
+    elif role == "anonymous":
+        if kind == "page":
+            assert code == 302 and response["Location"].startswith(reverse("login")), code
+        else:
+            assert code == 401, code
+    else:
+        assert code in (403, 404), f"{role} must not {method} {url}, got {code}"
+
+
+@pytest.mark.django_db
+def test_nobody_reviews_their_own_trajectory(make_user):
+    boss = make_user("superuser")
+    own = TrajectoryFactory(annotator=boss, status=Trajectory.Status.SUBMITTED)
+    client = api_client_for(boss)
+    client.force_login(boss)
+    url = reverse("lead-trajectory-verdict", args=[own.pk])
+    assert client.get(url).status_code == 403
+    assert client.post(url, {"verdict": "approve"}).status_code == 403
