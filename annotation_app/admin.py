@@ -8,9 +8,9 @@ from .models import Assignment, Capture, LiveSession, Recording, Review, Step, T
 
 @admin.register(User)
 class UserAdmin(BaseUserAdmin):
-    list_display = ("username", "email", "role", "is_staff", "is_active")
-    list_filter = ("role", "is_staff", "is_active")
-    fieldsets = (*BaseUserAdmin.fieldsets, ("Role", {"fields": ("role",)}))
+    list_display = ("username", "email", "role", "is_simulated", "is_staff", "is_active")
+    list_filter = ("role", "is_simulated", "is_staff", "is_active")
+    fieldsets = (*BaseUserAdmin.fieldsets, ("Role", {"fields": ("role", "is_simulated")}))
     add_fieldsets = (*BaseUserAdmin.add_fieldsets, ("Role", {"fields": ("role",)}))
 
 
@@ -53,8 +53,8 @@ class StepInline(admin.TabularInline):
 @admin.register(Trajectory)
 class TrajectoryAdmin(admin.ModelAdmin):
     # The task column shows its id and the instruction's start: the whole instruction pushed the table off the page.
-    list_display = ("id", "short_task", "annotator", "mode", "status", "model_version", "created_at")
-    list_filter = ("mode", "status")
+    list_display = ("id", "short_task", "annotator", "mode", "status", "simulated", "model_version", "created_at")
+    list_filter = ("mode", "status", "simulated")
     list_select_related = ("task", "annotator", "model_version")
     raw_id_fields = ("task", "annotator", "model_version")
     inlines = [StepInline]

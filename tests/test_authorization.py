@@ -40,6 +40,8 @@ MATRIX: list[tuple[str, str, str, set[str]]] = [
     ("live-end", "post", "api", set()),
     ("live-retry", "post", "api", set()),
     ("live-vnc-token", "post", "api", set()),
+    # Ground truth for simulated annotators' own sessions only: people get 403 (tests/simulated/).
+    ("live-oracle-state", "get", "api", set()),
     ("insitu", "get", "page", {A, S}),
     ("insitu-token", "post", "page", {A, S}),
     ("insitu-browser-start", "post", "page", {A, S}),

@@ -27,6 +27,7 @@ urlpatterns = [
     path("live/<int:pk>/end/", live.LiveEndView.as_view(), name="live-end"),
     path("live/<int:pk>/proposals/", live.LiveRetryView.as_view(), name="live-retry"),
     path("live/<int:pk>/vnc-token/", live.LiveVncTokenView.as_view(), name="live-vnc-token"),
+    path("live/<int:pk>/oracle-state/", live.LiveOracleStateView.as_view(), name="live-oracle-state"),
     path("insitu/uploads/", insitu.UploadStartView.as_view(), name="insitu-upload-start"),
     path("insitu/uploads/<int:pk>/", insitu.UploadView.as_view(), name="insitu-upload"),
     path("insitu/captures/<int:pk>/", insitu.TimelineView.as_view(), name="insitu-capture"),

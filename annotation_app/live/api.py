@@ -13,6 +13,7 @@ from django.conf import settings
 from django.http import Http404
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers, status
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.parsers import JSONParser
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -20,9 +21,9 @@ from rest_framework.views import APIView
 
 from sandbox.actions import ActionSyntaxError
 
-from .. import task_queue
+from .. import simulated, task_queue
 from ..api import serializers as s
-from ..models import LiveSession
+from ..models import LiveSession, Task
 from ..permissions import Capability, allows, own_live_session
 from ..trajectories import Conflict, Invalid
 from . import sessions as live
@@ -47,14 +48,31 @@ class LiveView(APIView):
         return session
 
 
+class LiveOpenSerializer(serializers.Serializer):
+    task = serializers.IntegerField(
+        required=False, min_value=1, help_text="Simulated annotators only: the task to take (people use the queue)."
+    )
+
+
 class LiveOpenView(APIView):
-    """Open (or resume) the caller's current task live; the desktop starts in the background (status "starting")."""
+    """Open (or resume) the caller's current task live; the desktop starts in the background (status "starting").
+    A simulated annotator may name the task instead (annotation_app.simulated.claim)."""
 
     permission_classes = [allows(Capability.ANNOTATE)]
 
-    @extend_schema(request=None, responses={201: STATE})
+    @extend_schema(request=LiveOpenSerializer, responses={201: STATE})
     def post(self, request: Request) -> Response:
-        assignment = task_queue.current_assignment(request.user)
+        form = LiveOpenSerializer(data=request.data if isinstance(request.data, dict) else {})
+        form.is_valid(raise_exception=True)
+        if "task" in form.validated_data:
+            if not request.user.is_simulated:
+                raise PermissionDenied("Only simulated annotators open a named task; take yours from the queue.")
+            task = Task.objects.filter(pk=form.validated_data["task"]).first()
+            if task is None:
+                raise Http404("No such task.")
+            assignment = simulated.claim(request.user, task)
+        else:
+            assignment = task_queue.current_assignment(request.user)
         if assignment is None:
             raise Conflict("You hold no task: take one from the queue first (POST /api/queue/next/).")
         session = live.open_live(request.user, assignment.task)
@@ -154,3 +172,20 @@ class LiveVncTokenView(LiveView):
         finally:
             client.close()
         return Response({"token": token, "port": settings.VNC_PUBLIC_PORT}, status=status.HTTP_201_CREATED)
+
+
+class LiveOracleStateView(APIView):
+    """The ground truth of a suite task's session for the oracle (annotation_app.simulated.oracle_state): only a
+    simulated annotator's own session; 403 for every person (data leads included: it is the answer key), 404 for
+    another simulated annotator's session, like the rest of the live API."""
+
+    permission_classes = [allows(Capability.ANNOTATE)]
+
+    @extend_schema(responses={200: dict})
+    def get(self, request: Request, pk: int) -> Response:
+        if not request.user.is_simulated:
+            raise PermissionDenied("Only simulated annotators may read a session's ground truth.")
+        session = own_live_session(request.user, pk)
+        if session is None:
+            raise Http404("No such live session.")
+        return Response(simulated.oracle_state(session))

@@ -163,7 +163,9 @@ def open_live(annotator: User, task: Task) -> LiveSession:
         raise Conflict("No annotation model is active yet: an ML engineer has to promote one first.")
     kind = "browser" if task.platform == Task.Platform.BROWSER else "desktop"
     with transaction.atomic():
-        trajectory = start_trajectory(annotator, task, Trajectory.Mode.INTERACTIVE, model_version=model)
+        trajectory = start_trajectory(
+            annotator, task, Trajectory.Mode.INTERACTIVE, model_version=model, simulated=annotator.is_simulated
+        )
         live = LiveSession.objects.create(trajectory=trajectory, kind=kind)
 
     transaction.on_commit(lambda: queues.enqueue(queues.START_LIVE, live.pk))
