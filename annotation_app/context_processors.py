@@ -16,6 +16,7 @@ NAV: list[tuple[str, str, Capability, Capability | None]] = [
     # Data leads read the stores and the model registry (the flywheel overview links both for ML engineers).
     ("flywheel-stores", "Stores", Capability.VIEW_TRAJECTORIES, Capability.VIEW_FLYWHEEL),
     ("flywheel-models", "Models", Capability.VIEW_TRAJECTORIES, Capability.VIEW_FLYWHEEL),
+    ("quality", "Quality", Capability.VIEW_TRAJECTORIES, None),
     ("webhooks", "Webhooks", Capability.MANAGE_WEBHOOKS, None),
 ]
 

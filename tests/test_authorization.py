@@ -15,6 +15,7 @@ from annotation_app.models import Capture, LiveSession, Task, Trajectory
 from .conftest import ROLES, api_client_for
 from .factories import ModelVersionFactory, StepFactory, TaskFactory, TrajectoryFactory
 from .flywheel.test_authorization import FLYWHEEL_ROUTES
+from .quality.test_authorization import QUALITY_ROUTES
 from .review.test_review_queue_authz import REVIEW_ROUTES
 
 A, L, M, S = "annotator", "data_lead", "ml_engineer", "superuser"
@@ -115,6 +116,7 @@ def _route_names(patterns, prefix: str = "") -> set[str]:
 def test_every_route_is_in_the_matrix():
     routes = _route_names(get_resolver().url_patterns)
     covered = {name for name, *_ in MATRIX} | FLYWHEEL_ROUTES | REVIEW_ROUTES  # tests/flywheel/, tests/review/
+    covered |= QUALITY_ROUTES  # tests/quality/test_authorization.py
     assert routes - covered == set(), "add these routes to MATRIX"
 
 
