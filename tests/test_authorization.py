@@ -16,7 +16,9 @@ from .conftest import ROLES, api_client_for
 from .factories import ModelVersionFactory, StepFactory, TaskFactory, TrajectoryFactory
 from .flywheel.test_authorization import FLYWHEEL_ROUTES
 from .quality.test_authorization import QUALITY_ROUTES
+from .review.test_review_authz import PLAYER_ROUTES
 from .review.test_review_queue_authz import REVIEW_ROUTES
+from .webhooks.test_pages import WEBHOOK_ROUTES
 
 A, L, M, S = "annotator", "data_lead", "ml_engineer", "superuser"
 EVERYONE = {A, L, M, S}
@@ -117,6 +119,8 @@ def test_every_route_is_in_the_matrix():
     routes = _route_names(get_resolver().url_patterns)
     covered = {name for name, *_ in MATRIX} | FLYWHEEL_ROUTES | REVIEW_ROUTES  # tests/flywheel/, tests/review/
     covered |= QUALITY_ROUTES  # tests/quality/test_authorization.py
+    covered |= WEBHOOK_ROUTES  # tests/webhooks/test_pages.py
+    covered |= PLAYER_ROUTES  # tests/review/test_review_authz.py
     assert routes - covered == set(), "add these routes to MATRIX"
 
 
