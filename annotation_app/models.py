@@ -84,7 +84,8 @@ class Task(models.Model):
 
 
 class Assignment(models.Model):
-    """One annotator holding one task. At most one active assignment per task, enforced by the database."""
+    """One annotator holding one task. A task is held by at most `required_annotations` annotators at once (the
+    queue's transaction sees to that) and by one annotator at most once at a time (the database sees to that)."""
 
     class Status(models.TextChoices):
         ACTIVE = "active", "Active"
@@ -102,7 +103,7 @@ class Assignment(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["task"], condition=Q(status="active"), name="one_active_assignment_per_task"
+                fields=["task", "annotator"], condition=Q(status="active"), name="one_active_assignment_per_annotator"
             ),
         ]
         indexes = [models.Index(fields=["annotator", "status"])]
