@@ -4,6 +4,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
+from flywheel import demo_views as flywheel_demo
 from flywheel import views as flywheel_views
 
 from . import insitu_views, lead_views, review_queue_views, views
@@ -48,6 +49,9 @@ urlpatterns = [
     path("flywheel/iterations/<int:pk>/cancel/", flywheel_views.cancel, name="flywheel-cancel"),
     path("flywheel/stores/", flywheel_views.stores, name="flywheel-stores"),
     path("flywheel/stores/<int:pk>/files/<path:path>", flywheel_views.dataset_file, name="flywheel-dataset-file"),
+    path("flywheel/demo/", flywheel_demo.demo_page, name="flywheel-demo"),
+    path("flywheel/demo/report.json", flywheel_demo.demo_json, name="flywheel-demo-json"),
+    path("flywheel/demo/report.png", flywheel_demo.demo_png, name="flywheel-demo-png"),
     path("media/<path:path>", views.media, name="media"),
     path("api/", include("annotation_app.api.urls")),
     path("", include("annotation_app.quality.urls")),

@@ -15,6 +15,7 @@ from annotation_app.models import Capture, LiveSession, Task, Trajectory
 from .conftest import ROLES, api_client_for
 from .factories import ModelVersionFactory, StepFactory, TaskFactory, TrajectoryFactory
 from .flywheel.test_authorization import FLYWHEEL_ROUTES
+from .flywheel.test_demo_authorization import DEMO_ROUTES
 from .quality.test_authorization import QUALITY_ROUTES
 from .review.test_review_authz import PLAYER_ROUTES
 from .review.test_review_queue_authz import REVIEW_ROUTES
@@ -119,6 +120,7 @@ def test_every_route_is_in_the_matrix():
     routes = _route_names(get_resolver().url_patterns)
     covered = {name for name, *_ in MATRIX} | FLYWHEEL_ROUTES | REVIEW_ROUTES  # tests/flywheel/, tests/review/
     covered |= QUALITY_ROUTES  # tests/quality/test_authorization.py
+    covered |= DEMO_ROUTES  # tests/flywheel/test_demo_authorization.py
     covered |= WEBHOOK_ROUTES  # tests/webhooks/test_pages.py
     covered |= PLAYER_ROUTES  # tests/review/test_review_authz.py
     assert routes - covered == set(), "add these routes to MATRIX"

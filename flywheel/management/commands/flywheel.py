@@ -1,5 +1,6 @@
-"""`manage.py flywheel run|resume|requeue-stalled …`: start an iteration from the shell and run it here (every stage in
-this process, training included) or queue it for the workers; resume one; queue again iterations whose worker died."""
+"""`manage.py flywheel run|resume|requeue-stalled|demo …`: start an iteration from the shell and run it here (every
+stage in this process, training included) or queue it for the workers; resume one; queue again iterations whose worker
+died; run the demonstration on the bundled task suite (flywheel/demo.py)."""
 
 from __future__ import annotations
 
@@ -46,8 +47,29 @@ class Command(BaseCommand):
         resume.add_argument("--queue", action="store_true", help="queue it for the workers instead of running here")
         stalled = sub.add_parser("requeue-stalled", help="queue again running iterations whose worker stopped beating")
         stalled.add_argument("--stall", type=float, default=None, help="seconds without a heartbeat (FLYWHEEL_STALL_S)")
+        demo = sub.add_parser("demo", help="the flywheel demonstration on the bundled task suite (docs/flywheel.md)")
+        demo.add_argument("--quick", action="store_true", help="two families, fewer instances (about 10 minutes)")
+        demo.add_argument("--seed", type=int, default=0, help="seed of the plan (same seed, same numbers within noise)")
+        demo.add_argument("--families", default="", help="comma-separated suite families (default: the plan's)")
+        demo.add_argument("--iterations", type=int, default=3, help="iterations after the bootstrap (0-10)")
+        demo.add_argument("--base-url", default="", help="the web app the simulated annotators use (default: WEB_PORT)")
+        demo.add_argument("--out", default="", help="folder for report.json and report.png (default: var/demo/<run>)")
+        demo.add_argument("--wait", type=float, default=0, help="seconds to wait for the stack to come up")
+        default = sub.add_parser(
+            "default-agent", help="serve var/models/suite-agent (trained by the quick demonstration on the first run)"
+        )
+        default.add_argument("--retrain", action="store_true", help="run the quick demonstration again first")
+        default.add_argument("--wait", type=float, default=300, help="seconds to wait for the stack to come up")
+        default.add_argument("--base-url", default="", help="the web app the simulated annotators use")
+        default.add_argument("--out", default="", help="folder for the demonstration's report")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["action"] in ("demo", "default-agent"):
+            from flywheel.demo import run_default_agent_command, run_demo_command
+
+            command = run_demo_command if options["action"] == "demo" else run_default_agent_command
+            command(self.stdout, options)
+            return
         if options["action"] == "requeue-stalled":
             found = requeue_stalled(options["stall"] or settings.FLYWHEEL_STALL_S)
             self.stdout.write(f"queued again: {', '.join(map(str, found)) or 'none'}")

@@ -1,0 +1,560 @@
+"""The flywheel demonstration (issue 16): the bundled task suite in the task pool, a bootstrap of oracle
+demonstrations recorded through the sandbox, iteration 0 = SFT of the untrained agent on them, then iterations of
+simulated annotation (the live API, the promoted model proposing) → RFT → validation/routing → SFT + a short PPO →
+held-out evaluation → automatic promotion. Every stage runs on the platform itself (PostgreSQL, the Celery workers,
+the sandbox service, the embedded policy server, `flywheel.iterations`); nothing here scores or trains on the side.
+The report is computed afterwards from the database (`flywheel/demo_report.py`)."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+from django.conf import settings
+from django.db import connection
+from django.utils import timezone
+
+from annotation_app.evaluation import evaluate_trajectory
+from annotation_app.live.sessions import sandbox_as
+from annotation_app.models import Step, Task, Trajectory
+from annotation_app.task_import import import_tasks
+from sandbox.actions import format_actions, parse_step
+from sandbox.coordinates import map_points
+from sandbox.suite import families as suite_families
+from sandbox.suite import suite_tasks
+from sandbox.suite.run import read_state
+from training.rollout import Reply, run_episode
+
+from . import registry
+from .iterations import start_iteration
+from .models import Iteration, ModelVersion, Stage
+from .progress import IterationError
+from .rft_attempt import CapacityGate, RecordingClient, RolloutEnv, StepRecorder, task_spec
+from .training_stages import PRESETS, runs_root
+
+log = logging.getLogger(__name__)
+
+PROJECT = "demo-suite"  # Task.project of the demonstration's tasks
+ROOT_PREFIX = "demo-agent"  # registry name of the untrained agent; every model of a demonstration descends from it
+DEMO_ORIGIN = "demo"  # Trajectory.metadata["origin"] of a bootstrap demonstration (the oracle's, via the sandbox)
+# Browser families whose level-1 instances the oracle finishes in a few steps (docs/task-suite.md).
+FULL_FAMILIES = ("click-button", "type-field", "radio", "checkboxes", "dropdown", "search")
+QUICK_FAMILIES = ("click-button", "radio")
+ITERATION_TIMEOUT_S = 3600.0
+
+Progress = Callable[[str, int, int | None, int | None], None]  # (stage, iteration, done, total)
+
+
+class DemoError(Exception):
+    """The demonstration cannot start or a stage failed; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class DemoPlan:
+    """Sizes and settings of one demonstration (from `make_plan`; written on the untrained model's notes)."""
+
+    seed: int
+    families: tuple[str, ...]
+    iterations: int
+    quick: bool
+    levels: tuple[int, ...] = (1,)
+    train_per_family: int = 6
+    heldout_per_family: int = 4
+    demos_per_task: int = 1
+    annotate_per_iteration: int = 6  # training tasks the simulated annotators do live per iteration
+    annotators: int = 2
+    mistake_rate: float = 0.0
+    rft_attempts: int = 2
+    rft_tasks_per_iteration: int = 6
+    max_steps: int = 8
+    preset: str = "tiny-cpu"
+    train: dict[str, Any] = field(default_factory=dict)
+    evaluate: dict[str, Any] = field(default_factory=dict)
+    rft: dict[str, Any] = field(default_factory=dict)
+    concurrency: int = 2
+
+    @property
+    def domains(self) -> list[str]:
+        return [f"suite-{name}" for name in self.families]
+
+
+def agent_preset() -> str:
+    """The trainer preset for the suite's agent ("suite-cpu" once the agent's recipe provides it), else "tiny-cpu"."""
+    return "suite-cpu" if "suite-cpu" in PRESETS else "tiny-cpu"
+
+
+def make_plan(*, quick: bool = False, seed: int = 0, families: list[str] | None = None, iterations: int = 3,
+              **overrides: Any) -> DemoPlan:  # fmt: skip
+    """The demonstration's plan: `--quick` is two families and fewer instances (≤ 10 min), else six (≤ 60 min)."""
+    known = suite_families()
+    chosen = tuple(families or (QUICK_FAMILIES if quick else FULL_FAMILIES))
+    unknown = [name for name in chosen if name not in known]
+    if unknown:
+        raise DemoError(f"unknown famil{'ies' if len(unknown) > 1 else 'y'}: {', '.join(unknown)} "
+                        f"(known: {', '.join(known)})")  # fmt: skip
+    if not 0 <= iterations <= 10:
+        raise DemoError("iterations must be from 0 to 10")
+    preset = agent_preset()
+    small = preset == "tiny-cpu"  # the random tiny model: only the mechanics, so keep its runs short
+    plan = DemoPlan(
+        seed=seed, families=chosen, iterations=iterations, quick=quick, preset=preset,
+        train_per_family=3 if quick else 6, heldout_per_family=3 if quick else 5,
+        annotate_per_iteration=2 if quick else 6, rft_tasks_per_iteration=2 if quick else 6,
+        rft_attempts=1 if quick else 2, max_steps=6 if quick else 8,
+        train={"ppo": {"env": "sandbox:max_steps=4", "iterations": 1}} if small else {},
+        evaluate={"max_new_tokens": 64} if small else {},
+        rft={"max_tokens": 64} if small else {},
+    )  # fmt: skip
+    return replace(plan, **overrides)
+
+
+# --- the stack -------------------------------------------------------------------------------------------------------
+
+
+def check_stack(base_url: str) -> list[str]:
+    """What the demonstration needs and does not find running: the web app (for the simulated annotators), the
+    sandbox service, the embedded policy server and a Celery worker on each queue it uses."""
+    problems = []
+    policy = settings.EMBEDDED_POLICY_URL.rstrip("/").removesuffix("/v1") + "/health"
+    checks = [("the web app", f"{base_url.rstrip('/')}/healthz"),
+              ("the sandbox service", f"{settings.SANDBOX_URL}/docs"), ("the policy server", policy)]  # fmt: skip
+    for what, url in checks:
+        try:
+            if httpx.get(url, timeout=5).status_code != 200:
+                problems.append(f"{what} at {url} does not answer 200")
+        except httpx.HTTPError as exc:
+            problems.append(f"{what} at {url} does not answer ({type(exc).__name__})")
+    from annotation_app.celery import app
+
+    try:
+        active = app.control.inspect(timeout=2).active_queues() or {}
+    except Exception as exc:  # the broker is down
+        return [*problems, f"no Celery worker answers ({type(exc).__name__}: {exc})"]
+    served = {queue["name"] for queues in active.values() for queue in queues}
+    missing = [q for q in ("flywheel", "train", "sandbox", "live") if q not in served]
+    if missing:
+        problems.append(f"no Celery worker consumes the queue(s) {', '.join(missing)}")
+    return problems
+
+
+# --- 1. the task pool ----------------------------------------------------------------------------------------------
+
+
+def import_suite(plan: DemoPlan) -> tuple[list[Task], list[Task]]:
+    """Import the plan's suite instances (training and held-out) into the task pool, project "demo-suite"; the
+    training and the held-out Task rows. Ids already in the pool are kept (the importer skips them)."""
+    rows = suite_tasks(list(plan.families), plan.train_per_family, plan.heldout_per_family, list(plan.levels))
+    import json
+
+    data = "".join(json.dumps(row) + "\n" for row in rows).encode()
+    import_tasks(data, "demo-suite.jsonl", on_conflict="skip")
+    ids = [row["id"] for row in rows]
+    Task.objects.filter(external_id__in=ids).update(project=PROJECT, status=Task.Status.OPEN)
+    tasks = list(Task.objects.filter(external_id__in=ids).order_by("id"))
+    train = [t for t in tasks if (t.metadata or {}).get("split") != "heldout"]
+    heldout = [t for t in tasks if (t.metadata or {}).get("split") == "heldout"]
+    return train, heldout
+
+
+# --- 2. the untrained agent ------------------------------------------------------------------------------------------
+
+
+def build_untrained(path: Path, seed: int) -> Path:
+    """The untrained agent's checkpoint: the agent builder where the agent's recipe provides one
+    (training.agent.build_agent), else the tiny Qwen2.5-VL built from a config. No download either way."""
+    try:
+        agent = importlib.import_module("training.agent")
+    except ModuleNotFoundError as exc:
+        if exc.name != "training.agent":
+            raise
+        agent = None
+    builder = getattr(agent, "build_agent", None)
+    if builder is not None:
+        return Path(builder(path, seed=seed))
+    from training.policy.tiny import build_tiny_checkpoint
+
+    return Path(build_tiny_checkpoint(path, seed=seed))
+
+
+def untrained_agent(plan: DemoPlan) -> ModelVersion:
+    """Register the untrained agent (a new name per demonstration: the report finds a demonstration by it), serve it
+    from the embedded policy server and make it the annotation model, so iteration 0 is compared with it."""
+    stamp = timezone.now().strftime("%Y%m%d-%H%M%S")
+    name = f"{ROOT_PREFIX}-s{plan.seed}-{stamp}"
+    checkpoint = build_untrained(runs_root() / "demo" / name, plan.seed)
+    problem = registry.load_into_embedded_server(name, str(checkpoint))
+    if problem:
+        raise DemoError(f"the policy server cannot serve the untrained agent: {problem} (start it with "
+                        f"--models-root {runs_root()})")  # fmt: skip
+    model = registry.register_by_hand(
+        None, name=name, checkpoint_uri=str(checkpoint), endpoint_url=settings.EMBEDDED_POLICY_URL, served_name=name,
+        notes=f"flywheel demonstration: untrained agent; plan {json_plan(plan)}",
+    )  # fmt: skip
+    registry.promote(model, by=None, reason="flywheel demonstration: the untrained agent starts")
+    return model
+
+
+def json_plan(plan: DemoPlan) -> str:
+    import json
+
+    return json.dumps(asdict(plan), sort_keys=True)
+
+
+# --- 3. bootstrap demonstrations -------------------------------------------------------------------------------------
+
+
+def oracle_reply(client: RecordingClient, session: str, task: Task) -> Reply:
+    """The oracle's next action for the session's state, in the model's frame, as a model turn (`Thought/Action`)."""
+    fam = (task.metadata or {}).get("suite")
+    from sandbox.suite import oracle_action
+
+    action = oracle_action(fam, task, read_state(client.client, session, task))
+    parsed = parse_step(f"Thought: next.\nAction: {action}")
+    moved = map_points(parsed.actions, client.mapping.to_model)
+    verb = parsed.actions[0].name if parsed.actions else "act"
+    thought = "The task is done." if verb == "finished" else f"To do this: {task.instruction} I {verb} next."
+    return Reply(f"Thought: {thought}\nAction: {format_actions(moved)}")
+
+
+def record_demonstration(task_id: int, attempt: int, root_id: int, max_steps: int, gate: CapacityGate) -> int | None:
+    """Play the oracle on one training task in a leased sandbox session and store it as it happens (the RFT recorder:
+    screenshot and action per step, in screen pixels), scored by the task's evaluator and submitted; its id."""
+    task = Task.objects.get(pk=task_id)
+    trajectory = Trajectory.objects.create(
+        task=task, mode=Trajectory.Mode.ROLLOUT, status=Trajectory.Status.IN_PROGRESS, simulated=True,
+        metadata={"origin": DEMO_ORIGIN, "rft": {"attempt": attempt, "demo_root": root_id}},
+    )  # fmt: skip
+    kind = "browser" if task.platform == Task.Platform.BROWSER else "desktop"
+    client = RecordingClient(sandbox_as(f"trajectory:{trajectory.pk}"), trajectory, kind, gate, threading.Event())
+    recorder = StepRecorder(trajectory, client, root_id)
+    started = time.monotonic()
+    try:
+        with tempfile.TemporaryDirectory(prefix="demo-") as tmp:
+            env = RolloutEnv(client, task_spec(task), Path(tmp) / "images", recorder=recorder, max_steps=max_steps)
+
+            def ask(messages: list[dict[str, Any]]) -> tuple[Reply, int]:
+                recorder.turn_started = timezone.now()
+                return oracle_reply(client, env.session, task), 0
+
+            try:
+                run_episode(env, ask, seed=attempt, max_turns=max_steps)
+                if not client.evaluated and env.session is not None:
+                    evaluate_trajectory(client.client, env.session, trajectory, None)
+            finally:
+                env.close()
+    except Exception:
+        Trajectory.objects.filter(pk=trajectory.pk).update(status=Trajectory.Status.ABANDONED)
+        log.warning("demonstration of task %s failed", task_id, exc_info=True)
+        return None
+    finally:
+        connection.close()
+    Step.objects.filter(trajectory=trajectory).update(source=Step.Source.HUMAN, model_version=None)
+    trajectory.refresh_from_db()
+    meta = dict(trajectory.metadata)
+    demo = {**meta.pop("rft", {}), "steps": recorder.index, "seconds": round(time.monotonic() - started, 3)}
+    demo.pop("session", None)
+    trajectory.metadata = {**meta, "demo": demo}
+    trajectory.status, trajectory.submitted_at = Trajectory.Status.SUBMITTED, timezone.now()
+    trajectory.save(update_fields=["metadata", "status", "submitted_at", "updated_at"])
+    return trajectory.pk
+
+
+def record_demonstrations(plan: DemoPlan, tasks: list[Task], root: ModelVersion, progress: Progress) -> list[int]:
+    """The bootstrap SFT data: the oracle on every training task (`demos_per_task` times), `concurrency` at once."""
+    jobs = [(t.pk, n) for t in tasks for n in range(plan.demos_per_task)]
+    gate = CapacityGate(600.0)
+    done: list[int] = []
+    progress("demonstrations", 0, 0, len(jobs))
+    with ThreadPoolExecutor(max_workers=plan.concurrency, thread_name_prefix="demo") as pool:
+        futures = [pool.submit(record_demonstration, pk, n, root.pk, plan.max_steps * 2, gate) for pk, n in jobs]
+        for n, future in enumerate(futures, 1):
+            pk = future.result()
+            if pk is not None:
+                done.append(pk)
+            progress("demonstrations", 0, n, len(jobs))
+    if not done:
+        raise DemoError("no demonstration could be recorded (see the log: is the sandbox service up?)")
+    return done
+
+
+# --- 4. simulated annotation -----------------------------------------------------------------------------------------
+
+
+def annotate(plan: DemoPlan, base_url: str, tasks: list[Task], iteration: int, progress: Progress) -> list[dict]:
+    """Simulated annotators do `tasks` live through the web app's API (annotation_app.simulated): the promoted model
+    proposes, they accept a correct proposal or override it with the oracle's action."""
+    try:
+        simulated = importlib.import_module("annotation_app.simulated")
+    except ModuleNotFoundError as exc:
+        if exc.name != "annotation_app.simulated":
+            raise
+        raise DemoError("simulated annotators are not installed (annotation_app.simulated)") from None
+    annotators = simulated.simulated_annotators(plan.annotators)
+    progress("annotation", iteration, 0, len(tasks))
+
+    finished: list[dict[str, Any]] = []
+
+    def report(result: dict[str, Any]) -> None:
+        finished.append(result)
+        progress("annotation", iteration, len(finished), len(tasks))
+
+    return simulated.annotate_tasks(
+        base_url, tasks, annotators, seed=plan.seed * 1000 + iteration, mistake_rate=plan.mistake_rate,
+        max_steps=plan.max_steps * 2, progress=report,
+    )  # fmt: skip
+
+
+# --- 5. the flywheel's iterations ------------------------------------------------------------------------------------
+
+
+def iteration_config(plan: DemoPlan, train: list[Task], heldout: list[Task], rft_tasks: list[Task]) -> dict[str, Any]:
+    """The iteration's config: the agent's preset, PPO on the demonstration's training tasks, evaluation on its
+    held-out tasks only (each once, greedy), RFT on this iteration's share of training tasks, automatic promotion."""
+    config: dict[str, Any] = {
+        "v": {"threshold": 0.5},
+        "train": {"preset": plan.preset, "tasks": {"ids": [t.pk for t in train]}, **plan.train},
+        "evaluate": {"episodes": len(heldout), "task_ids": [t.pk for t in heldout], "temperature": 0.0,
+                     "seed": 0, "env": f"sandbox:max_steps={plan.max_steps}", **plan.evaluate},
+        "promote": "auto",
+    }  # fmt: skip
+    if rft_tasks:
+        config["rft"] = {"tasks": [t.pk for t in rft_tasks], "attempts": plan.rft_attempts,
+                         "max_steps": plan.max_steps, "concurrency": plan.concurrency, **plan.rft}  # fmt: skip
+    return config
+
+
+def run_flywheel(plan: DemoPlan, base: ModelVersion, stages: list[str], config: dict[str, Any], number: int,
+                 progress: Progress, timeout_s: float = ITERATION_TIMEOUT_S) -> Iteration:  # fmt: skip
+    """Start an iteration on the workers (the `flywheel` queue) and follow it to its end."""
+    try:
+        iteration = start_iteration(None, base_model=base, domains=plan.domains, stages=stages, config=config)
+    except IterationError as exc:
+        raise DemoError(f"iteration {number} cannot start: {exc}") from None
+    deadline = time.monotonic() + timeout_s
+    while True:
+        iteration.refresh_from_db()
+        stage = iteration.current_stage or stages[0]
+        entry = iteration.stages.get(stage, {})
+        progress(stage, number, entry.get("done"), entry.get("total"))
+        if iteration.finished:
+            break
+        if time.monotonic() > deadline:
+            raise DemoError(f"iteration {iteration.pk} did not finish within {timeout_s:.0f} s (stage {stage})")
+        time.sleep(1.0)
+    if iteration.status != Iteration.Status.SUCCEEDED:
+        raise DemoError(f"iteration {iteration.pk} {iteration.status}: {iteration.error}")
+    return iteration
+
+
+def active_model(fallback: ModelVersion) -> ModelVersion:
+    return ModelVersion.objects.filter(is_active=True).first() or fallback
+
+
+BOOTSTRAP_STAGES = [Stage.VALIDATE, Stage.EXPORT, Stage.SFT, Stage.EVALUATE]
+LOOP_STAGES = [Stage.RFT, Stage.VALIDATE, Stage.EXPORT, Stage.SFT, Stage.PPO, Stage.EVALUATE]
+
+
+def rotate(tasks: list[Task], count: int, offset: int) -> list[Task]:
+    """`count` tasks from `tasks`, starting at `offset` and wrapping: each iteration takes the next ones."""
+    if not tasks or count <= 0:
+        return []
+    return [tasks[(offset + n) % len(tasks)] for n in range(min(count, len(tasks)))]
+
+
+def run_demo(plan: DemoPlan, base_url: str, progress: Progress) -> ModelVersion:
+    """The whole demonstration; returns the untrained agent, the root the report finds the demonstration by."""
+    train, heldout = import_suite(plan)
+    if not heldout or not train:
+        raise DemoError("the plan has no training or no held-out tasks")
+    root = untrained_agent(plan)
+    progress("bootstrap", 0, 0, None)
+    record_demonstrations(plan, train, root, progress)
+    run_flywheel(plan, root, BOOTSTRAP_STAGES, iteration_config(plan, train, heldout, []), 0, progress)
+    for number in range(1, plan.iterations + 1):
+        annotated = rotate(train, plan.annotate_per_iteration, (number - 1) * plan.annotate_per_iteration)
+        annotate(plan, base_url, annotated, number, progress)
+        sampled = rotate(train, plan.rft_tasks_per_iteration, number * plan.rft_tasks_per_iteration)
+        config = iteration_config(plan, train, heldout, sampled)
+        run_flywheel(plan, active_model(root), LOOP_STAGES, config, number, progress)
+    progress("report", plan.iterations, 1, 1)
+    return root
+
+
+# --- the command ---------------------------------------------------------------------------------------------------
+
+
+class TerminalProgress:
+    """The progress display: one tqdm bar over the plan's stages (bootstrap, then each iteration's), its description
+    the iteration, the stage and that stage's own done/total; tqdm's ETA is the stages left at the mean pace so far."""
+
+    def __init__(self, plan: DemoPlan, stream: Any) -> None:
+        from tqdm import tqdm
+
+        units = ["0:demonstrations"] + [f"0:{s}" for s in BOOTSTRAP_STAGES]
+        for number in range(1, plan.iterations + 1):
+            units += [f"{number}:annotation"] + [f"{number}:{s}" for s in LOOP_STAGES]
+        self.index = {unit: n for n, unit in enumerate(units)}
+        self.bar = tqdm(total=len(units), file=stream, unit="stage", dynamic_ncols=True, mininterval=0.5)
+
+    def __call__(self, stage: str, iteration: int, done: int | None, total: int | None) -> None:
+        position = self.index.get(f"{iteration}:{stage}")
+        if position is not None and position > self.bar.n:
+            self.bar.update(position - self.bar.n)
+        if stage == "report":
+            self.bar.update(self.bar.total - self.bar.n)
+        count = f" {done}/{total}" if total else ""
+        self.bar.set_description(f"iteration {iteration} · {stage}{count}", refresh=False)
+        self.bar.refresh()
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def write_results(root: ModelVersion, out: Path) -> tuple[Path, Path]:
+    """report.json and report.png of the demonstration, computed from the database (flywheel.demo_report)."""
+    import json
+
+    from .demo_report import build_report, plot_png
+
+    report = build_report(root)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
+    (out / "report.png").write_bytes(plot_png(report))
+    return out / "report.json", out / "report.png"
+
+
+def summary_lines(root: ModelVersion) -> list[str]:
+    """The report as a few terminal lines: per iteration held-out success [95 % CI], SFT share, acceptance."""
+    from .demo_report import build_report
+
+    report = build_report(root)
+    lines = [f"{'it':>2} {'held-out success':>26} {'→ SFT':>12} {'accepted':>12} {'promoted':>8} {'wall s':>7}"]
+    for row in report["iterations"]:
+        o = (row["heldout"] or {}).get("overall") or {}
+        held = f"{o.get('successes', 0)}/{o.get('n', 0)} [{o.get('ci_low', 0):.2f},{o.get('ci_high', 1):.2f}]"
+        share = row["sft_share"]
+        accepted = row["acceptance"] or {}
+        acc = f"{accepted.get('accepted', 0)}/{accepted.get('n', 0)}" if accepted else "—"
+        lines.append(f"{row['number']:>2} {held:>26} {share['successes']:>5}/{share['n']:<6} {acc:>12} "
+                     f"{row['promoted']!s:>8} {row['wall_s'] or 0:>7.0f}")  # fmt: skip
+    return lines
+
+
+def run_demo_command(stdout: Any, options: dict[str, Any]) -> ModelVersion:
+    """`manage.py flywheel demo`: check the stack, run the demonstration with a progress bar, write the results."""
+    import os
+
+    from django.core.management.base import CommandError
+
+    families = [f.strip() for f in (options.get("families") or "").split(",") if f.strip()] or None
+    base_url = options.get("base_url") or f"http://127.0.0.1:{os.environ.get('WEB_PORT', '8000')}"
+    try:
+        plan = make_plan(quick=options["quick"], seed=options["seed"], families=families,
+                         iterations=options["iterations"])  # fmt: skip
+    except DemoError as exc:
+        raise CommandError(str(exc)) from None
+    problems = check_stack(base_url)
+    deadline = time.monotonic() + float(options.get("wait") or 0)
+    while problems and time.monotonic() < deadline:  # a stack just started: its workers come up last
+        time.sleep(2.0)
+        problems = check_stack(base_url)
+    if problems:
+        raise CommandError("the demonstration needs the stack up (scripts/demo-flywheel starts it): "
+                           + "; ".join(problems))  # fmt: skip
+    stdout.write(f"flywheel demonstration: {json_plan(plan)}")
+    bar = TerminalProgress(plan, stdout._out if hasattr(stdout, "_out") else stdout)
+    started = time.monotonic()
+    try:
+        root = run_demo(plan, base_url, bar)
+    except DemoError as exc:
+        raise CommandError(str(exc)) from None
+    finally:
+        bar.close()
+    out = Path(options.get("out") or Path(settings.BASE_DIR) / "var" / "demo" / root.name)
+    report_json, report_png = write_results(root, out)
+    for line in summary_lines(root):
+        stdout.write(line)
+    stdout.write(f"done in {time.monotonic() - started:.0f} s; {report_json}, {report_png}; the page: "
+                 f"{base_url}/flywheel/demo/?root={root.pk}")  # fmt: skip
+    return root
+
+
+# --- the default annotation model of scripts/run -------------------------------------------------------------------
+
+DEFAULT_NAME = "suite-agent"  # served name of the default agent, and its registry name's stem
+REPLACEABLE = ("tiny-uitars-embedded",)  # active models the default agent may replace (the random one seed_demo adds)
+
+
+def default_dir() -> Path:
+    return Path(settings.BASE_DIR) / "var" / "models" / DEFAULT_NAME
+
+
+def best_model(root: ModelVersion) -> ModelVersion:
+    """The demonstration's model to keep: the active one when it descends from `root`, else its best evaluated one."""
+    from .demo_report import lineage
+
+    models = lineage(root)
+    active = next((m for m in models if m.is_active), None)
+    if active is not None:
+        return active
+    rated = [m for m in models if registry.held_out_rate(m) is not None]
+    return max(rated, key=lambda m: (registry.held_out_rate(m), m.pk)) if rated else root
+
+
+def install_default(root: ModelVersion) -> Path:
+    """Copy the demonstration's best model to var/models/suite-agent (the cache later starts serve), with where it
+    came from in `provenance.json`."""
+    import json
+    import shutil
+
+    model = best_model(root)
+    target, staging = default_dir(), default_dir().with_name(DEFAULT_NAME + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(model.checkpoint_uri, staging, symlinks=False)
+    provenance = {"model": model.name, "root": root.name, "evaluation": model.evaluation, "copied_at": timezone.now()}
+    (staging / "provenance.json").write_text(json.dumps(provenance, indent=1, default=str))
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    return target
+
+
+def serve_default() -> ModelVersion:
+    """Serve var/models/suite-agent from the embedded policy server (under its `--models-root var/models`), register
+    it as `suite-agent-embedded` and make it the annotation model unless a model other than the random tiny one (or a
+    demonstration's) is active."""
+    path = default_dir()
+    problem = registry.load_into_embedded_server(DEFAULT_NAME, str(path), replace=True)
+    if problem:
+        raise DemoError(f"the policy server cannot serve {path}: {problem}")
+    notes = "The suite's agent, trained by the flywheel demonstration; see var/models/suite-agent/provenance.json."
+    model, _ = ModelVersion.objects.update_or_create(
+        name=f"{DEFAULT_NAME}-embedded",
+        defaults={"checkpoint_uri": str(path), "endpoint_url": settings.EMBEDDED_POLICY_URL,
+                  "served_name": DEFAULT_NAME, "notes": notes},
+    )  # fmt: skip
+    active = ModelVersion.objects.filter(is_active=True).first()
+    if active is None or active.name in REPLACEABLE or active.name.startswith(ROOT_PREFIX) or active.iteration_id:
+        if active is None or active.pk != model.pk:
+            registry.promote(model, by=None, reason="the default agent of scripts/run (var/models/suite-agent)")
+    return model
+
+
+def run_default_agent_command(stdout: Any, options: dict[str, Any]) -> None:
+    """`manage.py flywheel default-agent`: on the first start, train the suite agent with the quick demonstration and
+    cache it under var/models/suite-agent; on every start, serve the cached one and make it the annotation model."""
+    if options.get("retrain") or not (default_dir() / "config.json").is_file():
+        stdout.write(f"no default agent in {default_dir()} yet: training it with the quick demonstration")
+        root = run_demo_command(stdout, {**options, "quick": True, "seed": options.get("seed") or 0,
+                                         "families": "", "iterations": 3})  # fmt: skip
+        stdout.write(f"default agent cached in {install_default(root)}")
+    model = serve_default()
+    stdout.write(f"the default agent {model.name} serves live proposals (active: {model.is_active})")

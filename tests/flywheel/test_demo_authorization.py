@@ -1,0 +1,129 @@
+"""The demonstration's report (`/flywheel/demo/`, its JSON and PNG) for every role, its answers to bad input, and its
+figures computed from database rows: held-out success per family and overall with Wilson intervals, the SFT share of
+new trajectories, the acceptance rate of proposals, per-stage counts and times."""
+
+from __future__ import annotations
+
+import pytest
+from django.urls import reverse
+
+from annotation_app.models import Step, Task, Trajectory
+from flywheel.demo_report import build_report, plot_png
+from flywheel.models import Iteration, ModelVersion, Route, Validation
+from training.evaluate import wilson_interval
+
+from ..conftest import ROLES, api_client_for
+
+A, L, M, S = "annotator", "data_lead", "ml_engineer", "superuser"
+READERS = {L, M, S}
+DEMO_MATRIX: list[tuple[str, str, str, set[str]]] = [
+    ("flywheel-demo", "get", "page", READERS),
+    ("flywheel-demo-json", "get", "page", READERS),
+    ("flywheel-demo-png", "get", "page", READERS),
+]
+DEMO_ROUTES = {name for name, *_ in DEMO_MATRIX}  # tests/test_authorization.py takes these as covered
+
+
+def _demo() -> ModelVersion:
+    """A finished two-iteration demonstration as the runner leaves it in the database."""
+    root = ModelVersion.objects.create(name="demo-agent-s0-x", checkpoint_uri="/m/0", notes='plan {"seed": 0}')
+    tasks = {}
+    for family in ("click-button", "radio"):
+        for split, seed in (("heldout", 0), ("train", 1)):
+            tasks[family, split] = Task.objects.create(
+                external_id=f"suite-{family}-{split}-s{seed}-d1", instruction=family, project="demo-suite",
+                domain=f"suite-{family}", metadata={"suite": family, "seed": seed, "split": split, "difficulty": 1},
+            )  # fmt: skip
+    base, made = root, []
+    for number, (wins, sft) in enumerate(((1, 1), (3, 2))):
+        stages = ["validate", "export", "sft", "evaluate"]
+        iteration = Iteration.objects.create(base_model=base, status=Iteration.Status.SUCCEEDED, selected_stages=stages)
+        model = ModelVersion.objects.create(name=f"it{iteration.pk}-sft", checkpoint_uri="/m", parent=base,
+                                            iteration=iteration, stage="sft")  # fmt: skip
+        by_task = {
+            tasks["click-button", "heldout"].external_id: {"episodes": 2, "successes": min(wins, 2)},
+            tasks["radio", "heldout"].external_id: {"episodes": 2, "successes": max(wins - 2, 0)},
+        }
+        new = {"episodes": 4, "successes": wins, "by_task": by_task}
+        output = {"model_id": model.pk, "promoted": True, "new": new,
+                  "parent": {"episodes": 4, "successes": 0, "by_task": {}}}  # fmt: skip
+        iteration.stages = {
+            "validate": {"status": "done", "seconds": 1.5},
+            "sft": {"status": "done", "seconds": 30.0},
+            "evaluate": {"status": "done", "seconds": 20.0, "output": output},
+        }  # fmt: skip
+        iteration.save()
+        for n in range(2):
+            trajectory = Trajectory.objects.create(
+                task=tasks["radio", "train"], mode=Trajectory.Mode.INTERACTIVE, simulated=True,
+                status=Trajectory.Status.SUBMITTED,
+            )  # fmt: skip
+            chosen = 0 if n < number + 1 else None
+            Step.objects.create(trajectory=trajectory, index=0, action_text="wait()",
+                                candidates=[{"action_text": "wait()"}], chosen_candidate=chosen)  # fmt: skip
+            route = Route.SFT if n < sft else Route.CT
+            Validation.objects.create(iteration=iteration, trajectory=trajectory, v=0.9, route=route, reason="r",
+                                      threshold=0.5)  # fmt: skip
+        base = model
+        made.append(iteration)
+    return root
+
+
+@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize(("name", "method", "kind", "allowed"), DEMO_MATRIX, ids=[n for n, *_ in DEMO_MATRIX])
+def test_authorization(role, name, method, kind, allowed, make_user):
+    _demo()
+    client = api_client_for(None)
+    if role != "anonymous":
+        user = make_user(role)
+        client.force_login(user)
+    response = client.get(reverse(name))
+    code = response.status_code
+    if role in allowed:
+        assert code == 200, f"{role} should read {name}, got {code}"
+    elif role == "anonymous":
+        assert code == 302 and response["Location"].startswith(reverse("login")), code
+    else:
+        assert code == 403, f"{role} must not read {name}, got {code}"
+
+
+def _reader(make_user):
+    client = api_client_for(None)
+    client.force_login(make_user("data_lead"))
+    return client
+
+
+def test_bad_roots_are_400_with_the_reason_and_no_run_is_said(make_user):
+    client = _reader(make_user)
+    assert "No demonstration has run yet" in client.get(reverse("flywheel-demo")).content.decode()
+    assert client.get(reverse("flywheel-demo-json")).status_code == 404
+    assert client.get(reverse("flywheel-demo-png")).status_code == 404
+    root = _demo()
+    page = client.get(reverse("flywheel-demo") + "?root=abc")
+    assert page.status_code == 400 and "root must be a model id" in page.content.decode()
+    other = ModelVersion.objects.create(name="not-a-demo", checkpoint_uri="/x")
+    answer = client.get(reverse("flywheel-demo-json") + f"?root={other.pk}")
+    assert answer.status_code == 400 and "not the root of a flywheel demonstration" in answer.json()["detail"]
+    assert client.get(reverse("flywheel-demo-png") + "?root=-1").status_code == 400
+    assert client.get(reverse("flywheel-demo-json") + f"?root={root.pk}").json()["root"] == root.name
+
+
+def test_the_report_is_computed_from_the_database(make_user):
+    root = _demo()
+    report = build_report(root)
+    first, last = report["iterations"]
+    assert (first["number"], last["number"]) == (0, 1) and report["plan"] == {"seed": 0}
+    assert first["heldout"]["overall"]["successes"] == 1 and last["heldout"]["overall"]["successes"] == 3
+    assert last["heldout"]["by_family"]["click-button"]["successes"] == 2
+    assert last["heldout"]["by_family"]["radio"]["successes"] == 1
+    low, high = wilson_interval(3, 4)
+    assert (last["heldout"]["overall"]["ci_low"], last["heldout"]["overall"]["ci_high"]) == (low, high)
+    assert report["untrained"]["overall"]["n"] == 4 and report["untrained"]["overall"]["successes"] == 0
+    assert (first["sft_share"]["successes"], last["sft_share"]["successes"], last["sft_share"]["n"]) == (1, 2, 2)
+    assert (first["acceptance"]["accepted"], last["acceptance"]["accepted"], last["acceptance"]["n"]) == (1, 2, 2)
+    assert last["stages"]["sft"]["seconds"] == 30.0 and last["stages"]["validate"]["trajectories"] == 2
+    assert last["stages"]["annotation"]["trajectories"] == 2 and last["promoted"] is True
+    assert report["goals"]["doubled"] is True and report["simulated_trajectories"] == 4
+    assert plot_png(report)[:8] == b"\x89PNG\r\n\x1a\n"
+    page = _reader(make_user).get(reverse("flywheel-demo")).content.decode()
+    assert "Held-out success per family" in page and "click-button" in page and "3/4" in page
