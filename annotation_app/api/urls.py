@@ -6,6 +6,7 @@ from rest_framework.routers import DefaultRouter
 
 from flywheel import api as flywheel_api
 
+from .. import review_queue_views as review
 from ..live import api as live
 from . import insitu, views
 from .auth import obtain_auth_token
@@ -36,6 +37,9 @@ urlpatterns = [
     path("insitu/captures/<int:pk>/record/", insitu.RecordView.as_view(), name="insitu-record"),
     path("insitu/captures/<int:pk>/finish/", insitu.FinishView.as_view(), name="insitu-finish"),
     path("insitu/captures/<int:pk>/vnc-token/", insitu.CaptureVncTokenView.as_view(), name="insitu-vnc-token"),
+    path("review/queue/", review.ReviewQueueView.as_view(), name="review-queue"),
+    path("review/next/", review.NextReviewView.as_view(), name="review-next"),
+    path("review/trajectories/<int:pk>/verdict/", review.VerdictView.as_view(), name="review-verdict"),
     path("me/", views.WhoAmIView.as_view(), name="me"),
     path("auth/token/", obtain_auth_token, name="auth-token"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),

@@ -18,6 +18,15 @@ LEADS = {L, S}
 REVIEW_MATRIX: list[tuple[str, str, str, set[str]]] = [
     ("lead-trajectory-verdict", "get", "page", LEADS),
     ("lead-trajectory-verdict", "post", "page", LEADS),
+    ("lead-review-queue", "get", "page", LEADS),
+    ("lead-review-next", "post", "page", LEADS),
+    ("lead-review-release", "post", "page", LEADS),
+    ("lead-projects", "get", "page", LEADS),
+    ("lead-projects", "post", "page", LEADS),
+    ("review-queue", "get", "api", LEADS),
+    ("review-next", "post", "api", LEADS),
+    ("review-verdict", "get", "api", LEADS),
+    ("review-verdict", "post", "api", LEADS),
 ]
 REVIEW_ROUTES = {name for name, *_ in REVIEW_MATRIX}
 
@@ -28,7 +37,7 @@ def trajectory(db):
 
 
 def _url(name: str, trajectory: Trajectory) -> str:
-    if "verdict" in name:
+    if name in {"lead-trajectory-verdict", "review-verdict"}:
         return reverse(name, args=[trajectory.pk])
     return reverse(name)
 
@@ -70,3 +79,6 @@ def test_nobody_reviews_their_own_trajectory(make_user):
     url = reverse("lead-trajectory-verdict", args=[own.pk])
     assert client.get(url).status_code == 403
     assert client.post(url, {"verdict": "approve"}).status_code == 403
+    api_url = reverse("review-verdict", args=[own.pk])
+    assert client.get(api_url).status_code == 403
+    assert client.post(api_url, {"verdict": "approve", "scores": {}}, format="json").status_code == 403
