@@ -17,7 +17,9 @@ from flywheel.models import ModelVersion
 from .models import AnnotatorStats, Coverage, ModelAcceptance, Refresh, Throughput
 
 LOCK_KEY = 0x5175616C  # "Qual": one refresh at a time across every worker
-GOLD_PASS = 0.5  # a gold trajectory is correct when its verifier's reward reaches this
+# Gold accuracy is the mean verifier reward of finished gold-task trajectories (as annotation_app.gold computes it);
+# for peer agreement, a trajectory with a reward counts as a success when the reward reaches PASS.
+PASS = 0.5
 KEEP_HISTORY = timedelta(days=7)  # older refresh records are pruned
 SUBMITTED = (Trajectory.Status.SUBMITTED, Trajectory.Status.APPROVED, Trajectory.Status.REJECTED)
 
@@ -72,7 +74,7 @@ latest_review AS (
 ),
 judged AS (
     SELECT s.id, s.annotator_id, s.task_id, s.is_gold, s.outcome_reward, lr.verdict,
-        CASE WHEN s.outcome_reward IS NOT NULL THEN s.outcome_reward >= %(gold_pass)s
+        CASE WHEN s.outcome_reward IS NOT NULL THEN s.outcome_reward >= %(pass)s
              WHEN lr.verdict IS NOT NULL THEN lr.verdict = 'approve' END AS ok
     FROM submitted s LEFT JOIN latest_review lr ON lr.trajectory_id = s.id
 ),
@@ -80,7 +82,7 @@ per_traj AS (
     SELECT annotator_id, count(*) AS trajectories,
         count(verdict) AS reviewed, count(*) FILTER (WHERE verdict = 'approve') AS passed,
         count(*) FILTER (WHERE is_gold AND outcome_reward IS NOT NULL) AS gold_scored,
-        count(*) FILTER (WHERE is_gold AND outcome_reward >= %(gold_pass)s) AS gold_correct
+        coalesce(sum(outcome_reward) FILTER (WHERE is_gold), 0) AS gold_reward_sum
     FROM judged GROUP BY annotator_id
 ),
 pairs AS (
@@ -103,10 +105,11 @@ active AS (
     FROM activity GROUP BY annotator_id
 )
 INSERT INTO {T["a_stats"]} (annotator_id, username, trajectories, steps, active_hours, active_days, median_step_s,
-    reviewed, passed, gold_scored, gold_correct, peer_pairs, peer_agreed)
+    reviewed, passed, gold_scored, gold_reward_sum, peer_pairs, peer_agreed)
 SELECT u.id, u.username, coalesce(pt.trajectories, 0), coalesce(ps.steps, 0), coalesce(ac.hours, 0),
     coalesce(ac.days, 0), ps.median_step_s, coalesce(pt.reviewed, 0), coalesce(pt.passed, 0),
-    coalesce(pt.gold_scored, 0), coalesce(pt.gold_correct, 0), coalesce(pr.peer_pairs, 0), coalesce(pr.peer_agreed, 0)
+    coalesce(pt.gold_scored, 0), coalesce(pt.gold_reward_sum, 0), coalesce(pr.peer_pairs, 0),
+    coalesce(pr.peer_agreed, 0)
 FROM {T["user"]} u
     JOIN (SELECT DISTINCT annotator_id FROM traj) who ON who.annotator_id = u.id
     LEFT JOIN per_traj pt ON pt.annotator_id = u.id
@@ -188,7 +191,7 @@ def refresh(trigger: str = "beat") -> Refresh | None:
             as_of = cursor.fetchone()[0]
             for table in ("a_stats", "a_through", "a_accept", "a_cover"):
                 cursor.execute(f"DELETE FROM {T[table]}")
-            cursor.execute(ANNOTATORS_SQL, {"gold_pass": GOLD_PASS})
+            cursor.execute(ANNOTATORS_SQL, {"pass": PASS})
             cursor.execute(THROUGHPUT_SQL)
             cursor.execute(ACCEPTANCE_SQL)
             cursor.execute(COVERAGE_SQL)

@@ -46,7 +46,7 @@ class AnnotatorStats(models.Model):
     reviewed = models.PositiveIntegerField(default=0, help_text="Trajectories with a review (the latest counts).")
     passed = models.PositiveIntegerField(default=0, help_text="Of those, approved.")
     gold_scored = models.PositiveIntegerField(default=0, help_text="Gold-task trajectories with a verifier result.")
-    gold_correct = models.PositiveIntegerField(default=0)
+    gold_reward_sum = models.FloatField(default=0, help_text="Sum of their verifier rewards (0..1 each).")
     peer_pairs = models.PositiveIntegerField(default=0, help_text="Pairs with a peer on the same task, both judged.")
     peer_agreed = models.PositiveIntegerField(default=0)
 
@@ -82,7 +82,7 @@ class AnnotatorStats(models.Model):
 
     @property
     def gold_accuracy(self) -> float | None:
-        return self._ratio(self.gold_correct, self.gold_scored)
+        return self.gold_reward_sum / self.gold_scored if self.gold_scored else None
 
     @property
     def peer_agreement(self) -> float | None:

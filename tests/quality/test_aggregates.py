@@ -102,7 +102,7 @@ def test_annotator_figures(world):
     assert a1.median_step_s == pytest.approx(4.0)  # of 4, 10, 2, 3, 4
     assert a2.median_step_s == pytest.approx(6.0)
     assert (a1.reviewed, a1.passed, a2.reviewed, a2.passed) == (1, 1, 2, 1)  # t4's latest review counts
-    assert (a1.gold_scored, a1.gold_correct, a2.gold_scored, a2.gold_correct) == (1, 1, 1, 0)
+    assert (a1.gold_scored, a1.gold_accuracy, a2.gold_scored, a2.gold_accuracy) == (1, 1.0, 1, 0.0)
     # Gold task: a1 right (reward 1), a2 wrong (0): disagree. Plain task: both approved: agree.
     assert (a1.peer_pairs, a1.peer_agreed) == (2, 1)
     assert a1.peer_agreement == pytest.approx(0.5)
@@ -185,3 +185,11 @@ def test_a_refresh_is_skipped_while_another_holds_the_lock(world):
         assert aggregates.refresh("test") is None
         other.execute("SELECT pg_advisory_unlock(%s)", [aggregates.LOCK_KEY])
     assert aggregates.refresh("test") is not None
+
+
+def test_gold_accuracy_matches_the_gold_module(world):
+    """The dashboard's gold accuracy is the one annotation_app.gold computes (a mean reward), read in one pass."""
+    gold = pytest.importorskip("annotation_app.gold")
+    aggregates.refresh("test")
+    mine = {s.annotator_id: s.gold_accuracy for s in AnnotatorStats.objects.filter(gold_scored__gt=0)}
+    assert mine == pytest.approx(gold.gold_accuracy())
