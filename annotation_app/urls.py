@@ -7,7 +7,7 @@ from django.urls import include, path
 from flywheel import demo_views as flywheel_demo
 from flywheel import views as flywheel_views
 
-from . import insitu_views, lead_views, review_queue_views, views
+from . import insitu_views, lead_views, review_queue_views, review_views, views
 from .live import views as live_views
 
 urlpatterns = [
@@ -30,6 +30,12 @@ urlpatterns = [
     path("lead/import/", views.lead_import, name="lead-import"),
     path("lead/stats/", lead_views.lead_stats, name="lead-stats"),
     path("lead/trajectories/", lead_views.trajectories, name="lead-trajectories"),
+    path("lead/trajectories/<int:pk>/", review_views.player, name="lead-trajectory"),
+    path("lead/trajectories/<int:pk>/steps/<int:index>/verdict/", review_views.step_verdict, name="lead-step-verdict"),
+    path("lead/trajectories/<int:pk>/steps/<int:index>/edit/", review_views.step_edit, name="lead-step-edit"),
+    path("lead/trajectories/<int:pk>/steps/<int:index>/check/", review_views.step_check, name="lead-step-check"),
+    path("lead/trajectories/<int:pk>/steps/<int:index>/cut/", review_views.step_cut, name="lead-step-cut"),
+    path("lead/trajectories/<int:pk>/steps/<int:index>/restore/", review_views.step_restore, name="lead-step-restore"),
     path("lead/tasks/<int:pk>/", lead_views.task_page, name="lead-task"),
     path("lead/tasks/<int:pk>/change/", lead_views.task_change, name="lead-task-change"),
     path("lead/trajectories/<int:pk>/verdict/", review_queue_views.trajectory_verdict, name="lead-trajectory-verdict"),

@@ -173,6 +173,7 @@ def episodes_for(
     steps: dict[int, list[tuple[Any, ...]]] = {}
     for row in (
         Step.objects.filter(trajectory_id__in=ids)
+        .exclude(status=Step.Status.CUT)  # a reviewer cut them (annotation_app.step_edits): kept, never exported
         .order_by("trajectory_id", "index")
         .values_list("trajectory_id", "index", "thought", "action_text", "screenshot")
     ):

@@ -31,6 +31,7 @@ from django.db.models.functions import Coalesce, JSONObject
 from django.utils import timezone
 
 from annotation_app.models import Review, Step, Trajectory
+from annotation_app.step_edits import open_bad_verdicts
 
 from .formats import PARQUET_IMAGES
 from .locks import advisory_lock
@@ -488,6 +489,7 @@ def gather(ids_and_rows: list[tuple[Any, ...]]) -> list[Signals]:
     ids = [row[0] for row in ids_and_rows]
     steps = (
         Step.objects.filter(trajectory_id__in=ids)
+        .exclude(status=Step.Status.CUT)  # a reviewer cut them (annotation_app.step_edits): not part of it any more
         .order_by()
         .values("trajectory_id")
         .annotate(
@@ -500,6 +502,7 @@ def gather(ids_and_rows: list[tuple[Any, ...]]) -> list[Signals]:
         .values_list("trajectory_id", "indices", "actions", "no_screenshot", "unfinished", "with_thought")
     )
     by_trajectory = {row[0]: row[1:] for row in steps}
+    bad_steps = open_bad_verdicts(ids)
     signals = []
     for pk, mode, reward, review, capture_id, flags in ids_and_rows:
         indices, actions, no_screenshot, unfinished, with_thought = by_trajectory.get(pk, ([], [], [], [], 0))
@@ -515,6 +518,7 @@ def gather(ids_and_rows: list[tuple[Any, ...]]) -> list[Signals]:
                 outcome_reward=reward,
                 review=ReviewSignal(review["id"], review["verdict"], review["score"]) if review else None,
                 capture_flags=(flags or []) if capture_id is not None else None,
+                bad_steps=bad_steps.get(pk, ()),
             )
         )
     return signals

@@ -141,7 +141,9 @@ def _inputs(ids: list[int], config: OrmConfig) -> dict[int, _Steps]:
     rows = Trajectory.objects.filter(pk__in=ids).order_by().values_list("pk", "task__instruction", "screen_width",
                                                                          "screen_height")  # fmt: skip
     out = {pk: _Steps(text or "", ScreenMapping(w, h, mode), []) for pk, text, w, h in rows}
-    steps = Step.objects.filter(trajectory_id__in=ids).order_by("trajectory_id", "index")
+    steps = (
+        Step.objects.filter(trajectory_id__in=ids).exclude(status=Step.Status.CUT).order_by("trajectory_id", "index")
+    )
     for pk, thought, action_text, screenshot in steps.values_list("trajectory_id", "thought", "action_text",
                                                                   "screenshot"):  # fmt: skip
         out[pk].steps.append((thought, action_text, screenshot))

@@ -11,6 +11,8 @@ Components (each in [0, 1]; V is their weighted mean over the components a traje
   every step has its screenshot and its recorded result; otherwise the trajectory is HELD with the reason;
 - `thoughts`: the share of steps that carry a thought;
 - `curation`: in-situ captures' flags (near-duplicate, no speech, too short…), the lowest flag value;
+- step verdicts: a reviewer's wrong action / wrong thought / bad screenshot on a kept step that no later edit fixed
+  (annotation_app.step_edits) keeps the trajectory out of SFT (`flagged_steps_never_sft`); cut steps are not read;
 - `orm`: the generative outcome reward model's score (flywheel.orm asks an OpenAI-compatible endpoint and fills
   `Signals.orm` and `Signals.orm_source`). An answer that does not parse, or a failed call, leaves `orm` None: the
   component is recorded with value None and its source ("unparseable: …", "ORM call failed: …"), weighs nothing and
@@ -60,6 +62,7 @@ class VConfig:
     sft_needs_judgement: bool = True  # SFT only with a verifier result, a review or an ORM score
     rejected_never_sft: bool = True  # a trajectory whose latest review rejects it never reaches SFT
     insitu_sft_min_review_score: int = 4  # in-situ thoughts reach SFT only when approved with at least this score
+    flagged_steps_never_sft: bool = True  # a kept step a reviewer marked wrong (and nobody fixed) keeps it out of SFT
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.weights) - set(COMPONENTS))
@@ -77,7 +80,7 @@ class VConfig:
                 raise ValueError(f"{name} must be a number from 0 to 1, got {value!r}")
         if not isinstance(self.insitu_sft_min_review_score, int) or not 1 <= self.insitu_sft_min_review_score <= 5:
             raise ValueError("insitu_sft_min_review_score must be an integer from 1 to 5")
-        for name in ("sft_needs_judgement", "rejected_never_sft"):
+        for name in ("sft_needs_judgement", "rejected_never_sft", "flagged_steps_never_sft"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false")
 
@@ -125,6 +128,7 @@ class Signals:
     capture_flags: Sequence[str] | None = None  # None: not an in-situ capture
     orm: float | None = None  # the generative ORM's score in [0, 1] (flywheel.orm), None when it gave none
     orm_source: str = ""  # what the ORM was and said; with orm None: why there is no score (never a pass)
+    bad_steps: Sequence[tuple[int, str]] = ()  # (index, verdict) of kept steps a reviewer marked wrong, not fixed since
 
 
 @dataclass(frozen=True)
@@ -268,6 +272,10 @@ def _route(signals: Signals, v: float, config: VConfig, comps: dict[str, tuple[f
     review = signals.review
     if config.rejected_never_sft and review is not None and review.verdict != "approve":
         return CT, f"ct: rejected by review {review.id}"
+    if config.flagged_steps_never_sft and signals.bad_steps:
+        index, verdict = signals.bad_steps[0]
+        more = f" (and {len(signals.bad_steps) - 1} more)" if len(signals.bad_steps) > 1 else ""
+        return CT, f"ct: a reviewer marked step {index} {verdict.replace('_', ' ')}{more}"
     if signals.mode == IN_SITU and not (
         review is not None
         and review.verdict == "approve"
