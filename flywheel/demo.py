@@ -177,9 +177,9 @@ def build_untrained(path: Path, seed: int) -> Path:
         if exc.name != "training.agent":
             raise
         agent = None
-    builder = getattr(agent, "build_agent", None)
+    builder, config = getattr(agent, "build_agent", None), getattr(agent, "AgentConfig", None)
     if builder is not None:
-        return Path(builder(path, seed=seed))
+        return Path(builder(path, config(seed=seed)) if config is not None else builder(path))
     from training.policy.tiny import build_tiny_checkpoint
 
     return Path(build_tiny_checkpoint(path, seed=seed))
@@ -541,10 +541,12 @@ def serve_default() -> ModelVersion:
         defaults={"checkpoint_uri": str(path), "endpoint_url": settings.EMBEDDED_POLICY_URL,
                   "served_name": DEFAULT_NAME, "notes": notes},
     )  # fmt: skip
+    from .demo_report import lineage, roots
+
     active = ModelVersion.objects.filter(is_active=True).first()
-    if active is None or active.name in REPLACEABLE or active.name.startswith(ROOT_PREFIX) or active.iteration_id:
-        if active is None or active.pk != model.pk:
-            registry.promote(model, by=None, reason="the default agent of scripts/run (var/models/suite-agent)")
+    demo_models = {m.pk for root in roots() for m in lineage(root)}  # not served after a restart anyway
+    if active is None or (active.pk != model.pk and (active.name in REPLACEABLE or active.pk in demo_models)):
+        registry.promote(model, by=None, reason="the default agent of scripts/run (var/models/suite-agent)")
     return model
 
 
