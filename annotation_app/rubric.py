@@ -258,10 +258,10 @@ def record_verdict(trajectory: Trajectory, reviewer: User, verdict: Verdict) -> 
     and on a rejection with `send_back` the task back to pending so the annotators' queue hands it out again."""
     with transaction.atomic():
         locked = Trajectory.objects.select_for_update().select_related("task").get(pk=trajectory.pk)
-        if locked.status in (Trajectory.Status.IN_PROGRESS, Trajectory.Status.ABANDONED):
-            raise VerdictConflict(
-                f"This trajectory is {locked.get_status_display().lower()}; only a submitted one can be reviewed."
-            )
+        if locked.status == Trajectory.Status.IN_PROGRESS:
+            raise VerdictConflict("This trajectory is still in progress; it can be reviewed once submitted.")
+        if locked.status == Trajectory.Status.ABANDONED:
+            raise VerdictConflict("This trajectory was abandoned (never submitted); it cannot be reviewed.")
         comment = verdict.comment
         if verdict.reason:
             comment = f"{REJECT_REASONS[verdict.reason]}." + (f" {comment}" if comment else "")

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 from django.urls import reverse
+from django.utils import timezone
 
 from annotation_app import rubric
-from annotation_app.models import Assignment, ProjectSettings, Review, ReviewAssignment, Task, Trajectory
+from annotation_app.models import Assignment, ProjectSettings, Review, ReviewAssignment, Role, Task, Trajectory
+from tests.conftest import api_client_for
 from tests.factories import TaskFactory, TrajectoryFactory
 
 
@@ -106,3 +108,49 @@ def test_the_trajectory_page_review_form_uses_the_same_logic(client, lead):
     review = Review.objects.get()
     assert (review.score, review.scores) == (4, {"efficient": 5})
     assert ReviewAssignment.objects.get().status == ReviewAssignment.Status.DONE
+
+
+@pytest.mark.django_db
+def test_the_projects_page_edits_rubric_and_sampling(client, lead):
+    TaskFactory(project="calc")
+    client.force_login(lead)
+    page = client.get(reverse("lead-projects"), {"project": "calc"}).content.decode()
+    assert "calc" in page and "thoughts_explain_actions" in page  # the default rubric, shown for editing
+    url = reverse("lead-projects")
+    fields = {"project": "calc", "review_first_n": "2", "review_share": "0.25", "gold_rate": "0.05"}
+    bad = client.post(url, {**fields, "rubric": '[{"key": "tidy", "min": 3, "max": 1}]'}, HTTP_HX_REQUEST="true")
+    assert bad.status_code == 400 and "min (3) must be below max (1)" in bad.content.decode()
+    assert 'id="project-errors"' in bad.content.decode() and not ProjectSettings.objects.exists()
+    good = client.post(url, {**fields, "rubric": '[{"key": "tidy", "label": "Tidy", "min": 1, "max": 3}]'})
+    assert good.status_code == 200 and 'id="project-saved"' in good.content.decode()
+    row = ProjectSettings.objects.get(project="calc")
+    assert (row.review_first_n, row.review_share, row.rubric[0]["key"]) == (2, 0.25, "tidy")
+
+
+@pytest.mark.django_db
+def test_the_verdict_api(lead_api, lead):
+    trajectory = TrajectoryFactory(status=Trajectory.Status.SUBMITTED)
+    url = reverse("review-verdict", args=[trajectory.pk])
+    state = lead_api.get(url).json()
+    assert [c["key"] for c in state["rubric"]] == [c["key"] for c in rubric.DEFAULT_RUBRIC]
+    body = {"verdict": "reject", "scores": {"task_completed": 1, "efficient": 9, "thoughts_explain_actions": 2}}
+    bad = lead_api.post(url, body, format="json")
+    assert bad.status_code == 400 and len(bad.json()["errors"]) == 2  # out of range, and no reason
+    body |= {"scores": {"task_completed": 1, "efficient": 2, "thoughts_explain_actions": 2}, "reason": "other"}
+    made = lead_api.post(url, body | {"send_back": True, "comment": "See step 3."}, format="json")
+    assert made.status_code == 201 and made.json()["scores"]["efficient"] == 2
+    assert lead_api.get(url).json()["reviews"][0]["verdict"] == "reject"
+    assert lead_api.post(url, {"verdict": "approve", "scores": {}, "extra": 1}, format="json").status_code == 400
+
+
+@pytest.mark.django_db
+def test_the_queue_api(lead_api, make_user):
+    ProjectSettings.objects.create(project="", review_first_n=5, review_share=0.0)
+    trajectory = TrajectoryFactory(status=Trajectory.Status.SUBMITTED, submitted_at=timezone.now())
+    listed = lead_api.get(reverse("review-queue")).json()
+    assert [(e["trajectory_id"], e["reason"]) for e in listed] == [(trajectory.pk, "new_annotator")]
+    taken = lead_api.post(reverse("review-next"), {}, format="json")
+    assert taken.status_code == 200 and taken.json()["trajectory"] == trajectory.pk
+    other = api_client_for(make_user(Role.DATA_LEAD))
+    empty = other.post(reverse("review-next"), {"flag": "near_duplicate"}, format="json")
+    assert empty.status_code == 404 and "No trajectories" in empty.json()["detail"]
