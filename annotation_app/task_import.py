@@ -33,6 +33,8 @@ TASK_FIELDS = {
     "evaluator",
     "metadata",
     "parent",
+    "required_annotations",
+    "is_gold",
 }
 OSWORLD_EXTRA_FIELDS = {"snapshot", "source", "trajectory", "proxy", "fixed_ip", "possibility_of_env_change"}
 EVALUATOR_FIELDS = {"func", "conj", "result", "expected", "options", "postconfig"}
@@ -86,7 +88,11 @@ def parse_records(data: bytes, filename: str = "") -> list[tuple[int, Any]]:
             is_jsonl = True  # no telling extension: maybe JSON Lines
         else:
             if isinstance(document, dict) and isinstance(document.get("tasks"), list):
+                # A batch may ask every task of it for k annotations: {"required_annotations": k, "tasks": [...]}.
+                batch_k = document.get("required_annotations")
                 document = document["tasks"]
+                if batch_k is not None:
+                    document = [{"required_annotations": batch_k, **r} if isinstance(r, dict) else r for r in document]
             records = document if isinstance(document, list) else [document]
             return list(enumerate(records, start=1))
     records = []
@@ -228,6 +234,12 @@ def validate_record(record: Any) -> tuple[dict, list[tuple[str, str]]]:
     parent = record.get("parent")
     if parent is not None and (not isinstance(parent, str) or not parent):
         problems.append("parent|must be the id of another task")
+    required = _check_int(record.get("required_annotations", 1), "required_annotations", 1, 20, problems)
+    is_gold = record.get("is_gold", False)
+    if not isinstance(is_gold, bool):
+        problems.append("is_gold|must be true or false")
+    elif is_gold and not evaluator:
+        problems.append("is_gold|a gold task needs an evaluator: its accuracy is the verifier's outcome")
 
     extras = {k: record[k] for k in OSWORLD_EXTRA_FIELDS if k in record}
     values = {
@@ -242,6 +254,8 @@ def validate_record(record: Any) -> tuple[dict, list[tuple[str, str]]]:
         "evaluator": evaluator,
         "metadata": {**metadata, **({"osworld": extras} if extras else {})},
         "parent": parent,
+        "required_annotations": required,
+        "is_gold": is_gold is True,
     }
     return values, [tuple(p.split("|", 1)) for p in problems]  # type: ignore[misc]
 

@@ -7,7 +7,7 @@ from django.urls import include, path
 from flywheel import demo_views as flywheel_demo
 from flywheel import views as flywheel_views
 
-from . import insitu_views, lead_views, review_queue_views, review_views, views
+from . import adjudication_views, insitu_views, lead_views, review_queue_views, review_views, views
 from .live import views as live_views
 
 urlpatterns = [
@@ -38,6 +38,9 @@ urlpatterns = [
     path("lead/trajectories/<int:pk>/steps/<int:index>/restore/", review_views.step_restore, name="lead-step-restore"),
     path("lead/tasks/<int:pk>/", lead_views.task_page, name="lead-task"),
     path("lead/tasks/<int:pk>/change/", lead_views.task_change, name="lead-task-change"),
+    path("lead/tasks/<int:pk>/overlap/", adjudication_views.task_overlap, name="lead-task-overlap"),
+    path("lead/tasks/<int:pk>/adjudicate/", adjudication_views.adjudicate_page, name="lead-adjudicate"),
+    path("lead/agreement/", adjudication_views.agreement_page, name="lead-agreement"),
     path("lead/trajectories/<int:pk>/verdict/", review_queue_views.trajectory_verdict, name="lead-trajectory-verdict"),
     path("lead/review/", review_queue_views.review_queue_page, name="lead-review-queue"),
     path("lead/review/next/", review_queue_views.review_next, name="lead-review-next"),

@@ -12,6 +12,7 @@ from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
 from annotation_app.models import Capture, LiveSession, Task, Trajectory
 
+from .agreement.test_authorization import AGREEMENT_ROUTES
 from .conftest import ROLES, api_client_for
 from .factories import ModelVersionFactory, StepFactory, TaskFactory, TrajectoryFactory
 from .flywheel.test_authorization import FLYWHEEL_ROUTES
@@ -123,6 +124,7 @@ def test_every_route_is_in_the_matrix():
     covered |= DEMO_ROUTES  # tests/flywheel/test_demo_authorization.py
     covered |= WEBHOOK_ROUTES  # tests/webhooks/test_pages.py
     covered |= PLAYER_ROUTES  # tests/review/test_review_authz.py
+    covered |= AGREEMENT_ROUTES  # tests/agreement/test_authorization.py
     assert routes - covered == set(), "add these routes to MATRIX"
 
 
