@@ -27,8 +27,7 @@ from annotation_app.evaluation import evaluate_trajectory
 from annotation_app.live.sessions import sandbox_as
 from annotation_app.models import Step, Task, Trajectory
 from annotation_app.task_import import import_tasks
-from sandbox.actions import format_actions, parse_step
-from sandbox.coordinates import map_points
+from sandbox.actions import format_actions
 from sandbox.suite import families as suite_families
 from sandbox.suite import suite_tasks
 from sandbox.suite.run import read_state
@@ -158,7 +157,7 @@ def import_suite(plan: DemoPlan) -> tuple[list[Task], list[Task]]:
     data = "".join(json.dumps(row) + "\n" for row in rows).encode()
     import_tasks(data, "demo-suite.jsonl", on_conflict="skip")
     ids = [row["id"] for row in rows]
-    Task.objects.filter(external_id__in=ids).update(project=PROJECT, status=Task.Status.OPEN)
+    Task.objects.filter(external_id__in=ids).update(project=PROJECT)
     tasks = list(Task.objects.filter(external_id__in=ids).order_by("id"))
     train = [t for t in tasks if (t.metadata or {}).get("split") != "heldout"]
     heldout = [t for t in tasks if (t.metadata or {}).get("split") == "heldout"]
@@ -213,16 +212,19 @@ def json_plan(plan: DemoPlan) -> str:
 
 
 def oracle_reply(client: RecordingClient, session: str, task: Task) -> Reply:
-    """The oracle's next action for the session's state, in the model's frame, as a model turn (`Thought/Action`)."""
-    fam = (task.metadata or {}).get("suite")
+    """The oracle's next action for the session's state as a model turn, in the model's frame and with the thought
+    the agent's own demonstrations use (sandbox/suite/demos.py: clicks at the centre the page's outline shows)."""
     from sandbox.suite import oracle_action
+    from sandbox.suite.demos import _to_model, thought_for
 
-    action = oracle_action(fam, task, read_state(client.client, session, task))
-    parsed = parse_step(f"Thought: next.\nAction: {action}")
-    moved = map_points(parsed.actions, client.mapping.to_model)
-    verb = parsed.actions[0].name if parsed.actions else "act"
-    thought = "The task is done." if verb == "finished" else f"To do this: {task.instruction} I {verb} next."
-    return Reply(f"Thought: {thought}\nAction: {format_actions(moved)}")
+    action = oracle_action((task.metadata or {}).get("suite"), task, read_state(client.client, session, task))
+    mapping = client.mapping
+    outlined = client.kind == "browser" and hasattr(client.client, "outline")
+    elements = client.client.outline(session) if outlined else []
+    scale = (mapping.model_size[0] / mapping.screen_width, mapping.model_size[1] / mapping.screen_height)
+    actions = _to_model(action, mapping, elements)
+    thought = thought_for(actions[0], elements, scale if outlined else (1.0, 1.0))
+    return Reply(f"Thought: {thought}\nAction: {format_actions(actions)}")
 
 
 def record_demonstration(task_id: int, attempt: int, root_id: int, max_steps: int, gate: CapacityGate) -> int | None:
