@@ -34,8 +34,10 @@ OUTLINE_JS = r"""(() => {
     if (el.getAttribute('aria-label')) return el.getAttribute('aria-label');
     if (el.labels && el.labels.length) return el.labels[0].innerText;
     if (el.tagName === 'INPUT' || el.tagName === 'TEXTAREA' || el.tagName === 'SELECT') {
-      const parent = el.parentElement, own = parent ? clean(parent.innerText) : '';
-      return el.placeholder || own || el.title || el.name || '';
+      const before = el.previousElementSibling, parent = el.parentElement;
+      const near = before && clean(before.innerText) ? before.innerText :
+        (parent && parent !== document.body && clean(parent.innerText).length <= 60 ? parent.innerText : '');
+      return el.placeholder || clean(near) || el.title || el.name || '';
     }
     return el.innerText || el.title || el.alt || '';
   };

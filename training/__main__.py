@@ -78,6 +78,14 @@ def main(argv: list[str] | None = None) -> int:
     tiny.add_argument("--hidden", type=int, default=64)
     tiny.add_argument("--layers", type=int, default=2)
 
+    agent = stages.add_parser("agent-init", help="write the untrained suite agent (training/agent.py, docs/agent.md)")
+    agent.add_argument("--out", type=Path, required=True)
+    agent.add_argument("--hidden", type=int, default=128)
+    agent.add_argument("--layers", type=int, default=4)
+    agent.add_argument("--heads", type=int, default=4)
+    agent.add_argument("--image-tokens", type=int, default=48, help="screenshot size in 28-pixel vision tokens")
+    agent.add_argument("--seed", type=int, default=0)
+
     demos = stages.add_parser("demos", help="expert episodes of a built-in environment (an SFT store to start from)")
     demos.add_argument("--env", default="copy")
     demos.add_argument("--episodes", type=int, default=256)
@@ -142,6 +150,12 @@ def run(args: argparse.Namespace) -> int:
 
         build = build_tiny_checkpoint if args.vision else build_tiny_text_checkpoint
         print(build(args.out, seed=args.seed, hidden=args.hidden, layers=args.layers))
+    elif args.stage == "agent-init":
+        from training.agent import AgentConfig, build_agent
+
+        config = AgentConfig(hidden=args.hidden, layers=args.layers, heads=args.heads,
+                             image_tokens=args.image_tokens, seed=args.seed)  # fmt: skip
+        print(build_agent(args.out, config))
     elif args.stage == "demos":
         from training.evaluate import write_demonstrations
 

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from sandbox.actions import TERMINAL_ACTIONS, ActionSyntaxError, format_actions, parse_step
 from sandbox.client import ActionError, NoCapacityError, SandboxClient, SandboxError
+from sandbox.outline import render as render_outline
 
 
 @dataclass
@@ -155,7 +156,8 @@ class SandboxEnv:
     scores 0 and its error is recorded in the turn's info (`evaluator_error`), so one bad task never ends a rollout
     batch; the info's `score` is the evaluator's alone.
     A reply that does not parse, or whose action the sandbox refuses, costs `format_penalty` and leaves the screen
-    as it was."""
+    as it was. A task whose `platform` is "browser" gets a browser session; there, with `outline` (the default), each
+    observation also carries the page's outline of interactive elements as text (sandbox/outline.py, docs/agent.md)."""
 
     name = "sandbox"
 
@@ -168,11 +170,14 @@ class SandboxEnv:
         max_steps: int = 15,
         format_penalty: float = -0.1,
         ttl_s: float = 600,
+        outline: bool = True,
     ):
         from training.policy.prompts import COMPUTER_USE
 
         self.client, self.task, self.image_dir = client, task, Path(image_dir)
         self.max_steps, self.format_penalty, self.ttl_s = max_steps, format_penalty, ttl_s
+        self.outline = outline
+        self._scale: tuple[float, float] | None = None  # screen → model frame, for a browser session's outline
         self.system = COMPUTER_USE.format(language="English", instruction=task["instruction"])
         self.session: str | None = None
         self._steps = 0
@@ -182,11 +187,30 @@ class SandboxEnv:
         self.image_dir.mkdir(parents=True, exist_ok=True)
         name = f"{self._prefix}-{self._steps:03d}.jpg"
         (self.image_dir / name).write_bytes(jpeg)
-        return {"role": "user", "content": [{"type": "image", "image": f"{self.image_dir.name}/{name}"}]}
+        content: list[dict[str, Any]] = [{"type": "image", "image": f"{self.image_dir.name}/{name}"}]
+        if self._scale is not None and self.session is not None:
+            content.append({"type": "text", "text": self._outline_text(self.session, self._scale)})
+        return {"role": "user", "content": content}
+
+    def _outline_text(self, session: str, scale: tuple[float, float]) -> str:
+        """The page's outline in the model's frame; a page that cannot be read (navigated away) says so."""
+        try:
+            return render_outline(self.client.outline(session), scale)
+        except (SandboxError, ValueError):
+            return "Interactive elements: unavailable."
+
+    def _lease(self) -> str:
+        """Allocate the session the task wants (a browser for browser tasks) and note its frame for the outline."""
+        browser = self.task.get("platform") == "browser"
+        info = self.client.allocate(ttl_s=self.ttl_s, kind="browser" if browser else "desktop")
+        self._scale = None
+        if browser and self.outline and hasattr(self.client, "outline") and "model_width" in info:
+            self._scale = (info["model_width"] / info["screen_width"], info["model_height"] / info["screen_height"])
+        return str(info["session_id"])
 
     def reset(self, seed: int) -> list[dict[str, Any]]:
         self.close()
-        self.session = self.client.allocate(ttl_s=self.ttl_s)["session_id"]
+        self.session = self._lease()
         self.client.setup(self.session, self.task.get("config", []))
         self._steps = 0
         self._prefix = f"{self.task.get('id', 'task')}-{seed}"
@@ -282,7 +306,7 @@ class SandboxTaskEnv(SandboxEnv):
                 if self._closed:
                     raise RuntimeError("the sandbox environment is closed")
                 try:
-                    self.session = str(self.client.allocate(ttl_s=self.ttl_s)["session_id"])
+                    self.session = self._lease()
                     return
                 except NoCapacityError:
                     if time.monotonic() >= deadline:
@@ -386,7 +410,8 @@ def sandbox_api_key(key: str = "") -> str:
 
 def make_sandbox_env(spec: str, settings: SandboxSettings) -> SandboxTaskEnv:
     """A sandbox environment from a spec such as "sandbox" or "sandbox:max_steps=8,format_penalty=-0.1" (options:
-    max_steps, format_penalty, ttl_s of a session's lease, capacity_wait_s for a free session)."""
+    max_steps, format_penalty, ttl_s of a session's lease, capacity_wait_s for a free session, outline=0|1 for the
+    page outline in browser tasks' observations)."""
     kwargs = sandbox_options(spec)
     client = SandboxClient(settings.url, settings.api_key, owner=settings.owner)
     return SandboxTaskEnv(client, settings.tasks, settings.image_dir, **kwargs)
@@ -397,10 +422,20 @@ def sandbox_options(spec: str) -> dict[str, Any]:
     name, _, options = spec.partition(":")
     if name != "sandbox":
         raise ValueError(f"not a sandbox environment spec: {spec!r}")
-    return _options(options, {"max_steps": int, "format_penalty": float, "ttl_s": float, "capacity_wait_s": float})
+    known = {"max_steps": int, "format_penalty": float, "ttl_s": float, "capacity_wait_s": float, "outline": boolean}
+    return _options(options, known)
 
 
-def _options(text: str, known: dict[str, type]) -> dict[str, Any]:
+def boolean(value: str) -> bool:
+    """A boolean option: 1/0, true/false, yes/no."""
+    if value.lower() in ("1", "true", "yes"):
+        return True
+    if value.lower() in ("0", "false", "no"):
+        return False
+    raise ValueError(value)
+
+
+def _options(text: str, known: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in filter(None, text.split(",")):
         key, _, value = item.partition("=")

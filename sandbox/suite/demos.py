@@ -23,7 +23,7 @@ from training.policy.prompts import COMPUTER_USE
 from ..actions import Action, format_actions, parse_actions
 from ..client import SandboxClient, SandboxError
 from ..coordinates import ScreenMapping, map_points, mapping_for
-from ..outline import Element, element_at, render
+from ..outline import Element, element_at, line, render
 from .core import spec_of
 from .run import read_state
 
@@ -55,7 +55,8 @@ def thought_for(action: Action, elements: list[Element], scale: tuple[float, flo
         return f"I scroll {getattr(action, 'direction', 'down')} to see more."
     point = getattr(action, "point", None) or getattr(action, "start", None)
     target = element_at(elements, point.x, point.y, scale) if point is not None else None
-    what = f'the {target.role} "{target.text}"' if target is not None else "the target"
+    # The element's own outline line (role, label, state, centre): the action's point is read off it.
+    what = line(target, scale) if target is not None else "the target"
     verb = {"left_double": "double-click", "drag": "drag", "right_single": "right-click"}.get(name, "click")
     return f"I {verb} {what}."
 

@@ -52,10 +52,18 @@ def image_part(image: bytes, mime: str = "image/jpeg") -> dict[str, Any]:
 
 
 def build_messages(
-    instruction: str, history: list[Turn], screenshot_jpeg: bytes, *, keep_images: int = 5, language: str = "English"
+    instruction: str,
+    history: list[Turn],
+    screenshot_jpeg: bytes,
+    *,
+    keep_images: int = 5,
+    language: str = "English",
+    observation_text: str | None = None,
 ) -> list[dict[str, Any]]:
     """The chat for the next step: only the last `keep_images` screenshots (current one included) are sent;
-    older turns keep their thought and action text, as UI-TARS-1.5 was trained."""
+    older turns keep their thought and action text, as UI-TARS-1.5 was trained. `observation_text` (a browser
+    page's outline of interactive elements, sandbox/outline.py) follows the current screenshot when given, as the
+    trainer's SandboxEnv observations carry it, so a model trained on them is prompted the same way."""
     messages: list[dict[str, Any]] = [
         {"role": "user", "content": COMPUTER_USE.format(language=language, instruction=instruction)}
     ]
@@ -64,7 +72,10 @@ def build_messages(
         if n >= first_with_image and turn.screenshot_jpeg:
             messages.append({"role": "user", "content": [image_part(turn.screenshot_jpeg)]})
         messages.append({"role": "assistant", "content": f"Thought: {turn.thought}\nAction: {turn.action_text}"})
-    messages.append({"role": "user", "content": [image_part(screenshot_jpeg)]})
+    current: list[dict[str, Any]] = [image_part(screenshot_jpeg)]
+    if observation_text is not None:
+        current.append({"type": "text", "text": observation_text})
+    messages.append({"role": "user", "content": current})
     return messages
 
 

@@ -64,7 +64,7 @@ def _is_built(path: Path) -> bool:
     return (path / "config.json").is_file() and (path / "model.safetensors").is_file()
 
 
-def _text_config(tokenizer: Any, hidden: int, layers: int, max_positions: int) -> dict[str, Any]:
+def _text_config(tokenizer: Any, hidden: int, layers: int, max_positions: int, heads: int = 4) -> dict[str, Any]:
     """The decoder's size and special-token ids, shared by the text-only and the vision-language checkpoint."""
     ids = {token: tokenizer.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS}
     return {
@@ -72,8 +72,8 @@ def _text_config(tokenizer: Any, hidden: int, layers: int, max_positions: int) -
         "hidden_size": hidden,
         "intermediate_size": hidden * 2,
         "num_hidden_layers": layers,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
+        "num_attention_heads": heads,
+        "num_key_value_heads": max(1, heads // 2),
         "max_position_embeddings": max_positions,
         "bos_token_id": ids["<|endoftext|>"],
         "eos_token_id": ids["<|im_end|>"],
@@ -92,8 +92,19 @@ def _save(path: Path, model: Any, tokenizer: Any, *, seed: int, hidden: int, lay
     return path
 
 
-def build_tiny_checkpoint(path: Path, *, seed: int = 0, hidden: int = 64, layers: int = 2) -> Path:
-    """Write a random tiny Qwen2.5-VL checkpoint with its processor to `path` (idempotent: kept if complete)."""
+def build_tiny_checkpoint(
+    path: Path,
+    *,
+    seed: int = 0,
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    min_pixels: int = MIN_PIXELS,
+    max_pixels: int = MAX_PIXELS,
+) -> Path:
+    """Write a random tiny Qwen2.5-VL checkpoint with its processor to `path` (idempotent: kept if complete).
+    `heads` divides `hidden` into heads of a size divisible by 8 (M-RoPE's sections); `min_pixels`/`max_pixels`
+    bound the image processor's resolution (training/agent.py builds a low-resolution one)."""
     import torch
     from transformers import (
         Qwen2_5_VLConfig,
@@ -104,12 +115,15 @@ def build_tiny_checkpoint(path: Path, *, seed: int = 0, hidden: int = 64, layers
     path = Path(path)
     if _is_built(path):
         return path
+    head_half = hidden // heads // 2  # M-RoPE splits each head's rotary half into time, height and width
+    if hidden % heads or head_half % 4:
+        raise ValueError(f"hidden ({hidden}) / heads ({heads}) must be a multiple of 8")
     tokenizer = build_tokenizer()
     ids = {token: tokenizer.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS}
     config = Qwen2_5_VLConfig(
         text_config={
-            **_text_config(tokenizer, hidden, layers, max_positions=32768),
-            "rope_scaling": {"type": "mrope", "mrope_section": [4, 2, 2]},
+            **_text_config(tokenizer, hidden, layers, max_positions=32768, heads=heads),
+            "rope_scaling": {"type": "mrope", "mrope_section": [head_half // 2, head_half // 4, head_half // 4]},
         },
         vision_config={
             "depth": 1,
@@ -130,7 +144,7 @@ def build_tiny_checkpoint(path: Path, *, seed: int = 0, hidden: int = 64, layers
     # Tokenizer and image processor are saved apart: the combined processor also wants a video processor,
     # which needs torchvision (no CPU build here); the policy server expands image tokens itself.
     path.mkdir(parents=True, exist_ok=True)
-    Qwen2VLImageProcessorPil(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS).save_pretrained(path)
+    Qwen2VLImageProcessorPil(min_pixels=min_pixels, max_pixels=max_pixels).save_pretrained(path)
     return _save(path, model, tokenizer, seed=seed, hidden=hidden, layers=layers)
 
 

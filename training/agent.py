@@ -1,0 +1,52 @@
+"""The suite agent: a small UI-TARS-shaped model (Qwen2.5-VL architecture) built from a config, untrained, sized to
+learn the bundled task suite on a 2-core CPU. It sees a low-resolution screenshot and, on browser tasks, the page's
+outline of interactive elements (sandbox/outline.py) that SandboxEnv puts in every observation; it answers
+`Thought: … Action: …` through the policy server like any checkpoint. See docs/agent.md for the recipe and numbers.
+
+    python -m training agent-init --out var/agent/init
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from training.policy.tiny import build_tiny_checkpoint
+
+PATCH = 28  # a merged vision token covers 28x28 pixels
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """The agent's size: decoder width, depth and heads, and the screenshot's size in vision tokens (the image
+    processor resizes every screenshot to about `image_tokens` 28-pixel cells, keeping its aspect ratio)."""
+
+    hidden: int = 128
+    layers: int = 4
+    heads: int = 4
+    image_tokens: int = 48
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.hidden < 32 or self.layers < 1 or self.heads < 1:
+            raise ValueError("hidden must be at least 32, layers and heads at least 1")
+        if not 4 <= self.image_tokens <= 1024:
+            raise ValueError("image_tokens must be between 4 and 1024")
+
+
+def build_agent(path: str | Path, config: AgentConfig | None = None) -> Path:
+    """Write the untrained agent to `path` (kept as it is if already built) with `agent.json` naming its config."""
+    config = config or AgentConfig()
+    pixels = config.image_tokens * PATCH * PATCH
+    out = build_tiny_checkpoint(
+        Path(path),
+        seed=config.seed,
+        hidden=config.hidden,
+        layers=config.layers,
+        heads=config.heads,
+        min_pixels=pixels,
+        max_pixels=pixels,
+    )
+    (out / "agent.json").write_text(json.dumps({"agent": asdict(config), "trained": False}))
+    return out
