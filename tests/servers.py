@@ -51,25 +51,48 @@ def answers(url: str) -> Callable[[], bool]:
     return check
 
 
+Service = tuple[list[str], dict[str, str], Path, Callable[[], bool]]  # command, environment, log, readiness
+
+
 @contextmanager
 def running(command: list[str], env: dict[str, str], log: Path, ready: Callable[[], bool]) -> Iterator[None]:
     """Run `command` until the block ends, once `ready()` says it is up. Its output goes to `log`."""
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        try:
-            deadline = time.monotonic() + 60
-            while not ready():
-                assert proc.poll() is None, f"{command[0]} exited:\n{log.read_text()}"
-                assert time.monotonic() < deadline, f"{command[0]} did not come up:\n{log.read_text()}"
-                time.sleep(0.2)
-            yield
-        finally:
+    with running_together((command, env, log, ready)):
+        yield
+
+
+@contextmanager
+def running_together(*services: Service) -> Iterator[None]:
+    """Start every service at once (their imports overlap instead of adding up), yield when all are ready, and stop
+    each one's whole process group afterwards."""
+    procs: list[subprocess.Popen] = []
+    try:
+        for command, env, log, _ in services:
+            with log.open("w") as out:
+                procs.append(
+                    subprocess.Popen(
+                        command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                    )
+                )
+        deadline = time.monotonic() + 60
+        waiting = list(zip(services, procs, strict=True))
+        while waiting:
+            (command, _, log, ready), proc = waiting[0]
+            if ready():
+                waiting.pop(0)
+                deadline = max(deadline, time.monotonic() + 60)  # each service still gets its own minute
+                continue
+            assert proc.poll() is None, f"{command[0]} exited:\n{log.read_text()}"
+            assert time.monotonic() < deadline, f"{command[0]} did not come up:\n{log.read_text()}"
+            time.sleep(0.2)
+        yield
+    finally:
+        for proc in procs:
             try:
                 os.killpg(proc.pid, signal.SIGTERM)  # the whole group: forked handlers too (websockify, gunicorn)
             except ProcessLookupError:
                 pass
+        for proc in procs:
             try:
                 proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
@@ -87,9 +110,9 @@ def web_stack(tmp_path: Path, *, http_port: int = 0, ws_port: int = 0, **env_ext
     gunicorn += ["--worker-class", "gthread", "--workers", "2", "--threads", "2"]
     daphne = [str(bin_dir / "daphne"), "-b", "127.0.0.1", "-p", str(ws_port), "annotation_app.asgi:application"]
     base = f"http://127.0.0.1:{http_port}"
-    with (
-        running(daphne, env, tmp_path / "daphne.log", answers(f"http://127.0.0.1:{ws_port}/healthz")),
-        running(gunicorn, env, tmp_path / "gunicorn.log", answers(f"{base}/healthz")),
+    with running_together(
+        (daphne, env, tmp_path / "daphne.log", answers(f"http://127.0.0.1:{ws_port}/healthz")),
+        (gunicorn, env, tmp_path / "gunicorn.log", answers(f"{base}/healthz")),
     ):
         yield base
 

@@ -19,11 +19,17 @@ from ..factories import AssignmentFactory, StepFactory, TrajectoryFactory
 from .receiver import receiver
 
 
-@pytest.fixture
-def fast_worker(transactional_db, tmp_path):
-    """A worker whose retries wait 0.2 s, 0.8 s, … and give up after 3 attempts."""
-    with celery_worker(tmp_path / "worker.log", WEBHOOK_RETRY_BASE_S="0.2", WEBHOOK_MAX_ATTEMPTS="3") as log:
+@pytest.fixture(scope="module")
+def module_worker(django_db_setup, tmp_path_factory):
+    """One worker for the module, whose retries wait 0.2 s, 0.8 s, … and give up after 3 attempts."""
+    log = tmp_path_factory.mktemp("webhooks") / "worker.log"
+    with celery_worker(log, WEBHOOK_RETRY_BASE_S="0.2", WEBHOOK_MAX_ATTEMPTS="3"):
         yield log
+
+
+@pytest.fixture
+def fast_worker(transactional_db, module_worker):
+    return module_worker
 
 
 def _settled(delivery: Delivery, timeout: float = 60) -> Delivery:
