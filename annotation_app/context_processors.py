@@ -14,6 +14,7 @@ NAV: list[tuple[str, str, Capability, Capability | None]] = [
     ("lead-trajectories", "Trajectories", Capability.VIEW_TRAJECTORIES, None),
     ("lead-review-queue", "Review", Capability.REVIEW, None),
     ("lead-agreement", "Agreement", Capability.REVIEW, None),
+    ("curation", "Curation", Capability.VIEW_TRAJECTORIES, None),
     ("flywheel", "Flywheel", Capability.VIEW_FLYWHEEL, None),
     # Data leads read the stores and the model registry (the flywheel overview links both for ML engineers).
     ("flywheel-stores", "Stores", Capability.VIEW_TRAJECTORIES, Capability.VIEW_FLYWHEEL),

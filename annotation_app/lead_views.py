@@ -12,10 +12,12 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from . import task_pool
+from .curation.flags import KINDS as FLAG_KINDS
+from .curation.flags import LABELS as FLAG_LABELS
 from .models import Task, Trajectory, User
 from .permissions import Capability, requires, trajectories_visible_to
 
-TRAJECTORY_FILTERS = ("status", "mode", "annotator", "task", "q", "since", "until")
+TRAJECTORY_FILTERS = ("status", "mode", "annotator", "task", "q", "since", "until", "flag")
 
 
 @require_GET
@@ -52,6 +54,11 @@ def trajectories(request: HttpRequest) -> HttpResponse:
             errors.append("The task filter takes a task number.")
     if filters["q"]:
         rows = rows.filter(task__instruction__icontains=filters["q"])
+    if filters["flag"]:  # curation flags (annotation_app.curation)
+        if filters["flag"] in FLAG_KINDS:
+            rows = rows.filter(flags__contains=[{"kind": filters["flag"]}])
+        else:
+            errors.append(f"'{filters['flag'][:40]}' is not a curation flag ({', '.join(FLAG_KINDS)}).")
     for key, lookup in (("since", "created_at__date__gte"), ("until", "created_at__date__lte")):
         if filters[key]:
             day = _date(filters[key])
@@ -68,6 +75,7 @@ def trajectories(request: HttpRequest) -> HttpResponse:
         "errors": errors,
         "statuses": Trajectory.Status.choices,
         "modes": Trajectory.Mode.choices,
+        "flag_kinds": [(kind, FLAG_LABELS[kind]) for kind in FLAG_KINDS],
         "annotators": User.objects.filter(trajectories__isnull=False).distinct().order_by("username"),
     }
     template = "annotation_app/_trajectory_table.html" if request.htmx else "annotation_app/trajectories.html"

@@ -267,6 +267,8 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": 300.0,
     },
     "flywheel-requeue-stalled": {"task": "flywheel.requeue_stalled", "schedule": max(5.0, FLYWHEEL_STALL_S / 2)},
+    # Curation: group new trajectories with their near duplicates (annotation_app.curation.dedup, incremental).
+    "curation-dedup": {"task": "annotation_app.curation.dedup", "schedule": float(env("CURATION_DEDUP_S", "120"))},
     # The quality dashboards read precomputed aggregates (annotation_app.quality); this recomputes them.
     "quality-refresh": {"task": "annotation_app.quality.refresh", "schedule": QUALITY_REFRESH_S},
     "webhooks-resend-overdue": {"task": "annotation_app.webhooks.resend_overdue", "schedule": 300.0},

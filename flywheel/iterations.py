@@ -39,7 +39,7 @@ from .models import AVAILABLE_STAGES, DatasetVersion, Iteration, ModelVersion, R
 from .orm import OrmConfig, attach_orm_scores
 from .progress import EVENT, Cancelled, IterationError, as_json, progress, push, state_of  # noqa: F401 (re-exported)
 from .validation import Review as ReviewSignal
-from .validation import Signals, VConfig, Verdict, validate
+from .validation import Signals, VConfig, Verdict, trajectory_flag_names, validate
 
 log = logging.getLogger(__name__)
 
@@ -502,6 +502,7 @@ def gather(ids_and_rows: list[tuple[Any, ...]]) -> list[Signals]:
         .values_list("trajectory_id", "indices", "actions", "no_screenshot", "unfinished", "with_thought")
     )
     by_trajectory = {row[0]: row[1:] for row in steps}
+    curation = dict(Trajectory.objects.filter(pk__in=ids).exclude(flags=[]).values_list("pk", "flags"))
     bad_steps = open_bad_verdicts(ids)
     signals = []
     for pk, mode, reward, review, capture_id, flags in ids_and_rows:
@@ -518,6 +519,7 @@ def gather(ids_and_rows: list[tuple[Any, ...]]) -> list[Signals]:
                 outcome_reward=reward,
                 review=ReviewSignal(review["id"], review["verdict"], review["score"]) if review else None,
                 capture_flags=(flags or []) if capture_id is not None else None,
+                curation_flags=trajectory_flag_names(curation.get(pk)),
                 bad_steps=bad_steps.get(pk, ()),
             )
         )

@@ -10,7 +10,10 @@ Components (each in [0, 1]; V is their weighted mean over the components a traje
 - `structure`: 1 when every step's action parses in the grammar (sandbox.actions), the steps are numbered 0..n-1,
   every step has its screenshot and its recorded result; otherwise the trajectory is HELD with the reason;
 - `thoughts`: the share of steps that carry a thought;
-- `curation`: in-situ captures' flags (near-duplicate, no speech, too short…), the lowest flag value;
+- `curation`: in-situ captures' flags (near-duplicate, no speech, too short…) and the trajectory's curation flags
+  (annotation_app.curation: not_executable, divergent_steps, near_duplicate), the lowest flag value; a trajectory
+  flagged not executable or divergent, or a near duplicate that is not its group's kept one, never reaches SFT
+  (`curation_never_sft`);
 - step verdicts: a reviewer's wrong action / wrong thought / bad screenshot on a kept step that no later edit fixed
   (annotation_app.step_edits) keeps the trajectory out of SFT (`flagged_steps_never_sft`); cut steps are not read;
 - `orm`: the generative outcome reward model's score (flywheel.orm asks an OpenAI-compatible endpoint and fills
@@ -46,6 +49,9 @@ def _default_flags() -> dict[str, float]:
         "too_short": 0.5,
         "no_speech": 0.3,
         "little_speech": 0.7,
+        "not_executable": 0.0,
+        "divergent_steps": 0.5,
+        "near_duplicate_kept": 1.0,  # the one trajectory its duplicate group keeps
     }
 
 
@@ -62,6 +68,7 @@ class VConfig:
     sft_needs_judgement: bool = True  # SFT only with a verifier result, a review or an ORM score
     rejected_never_sft: bool = True  # a trajectory whose latest review rejects it never reaches SFT
     insitu_sft_min_review_score: int = 4  # in-situ thoughts reach SFT only when approved with at least this score
+    curation_never_sft: bool = True  # not executable, divergent, or a near duplicate not kept: never SFT
     flagged_steps_never_sft: bool = True  # a kept step a reviewer marked wrong (and nobody fixed) keeps it out of SFT
 
     def __post_init__(self) -> None:
@@ -80,7 +87,7 @@ class VConfig:
                 raise ValueError(f"{name} must be a number from 0 to 1, got {value!r}")
         if not isinstance(self.insitu_sft_min_review_score, int) or not 1 <= self.insitu_sft_min_review_score <= 5:
             raise ValueError("insitu_sft_min_review_score must be an integer from 1 to 5")
-        for name in ("sft_needs_judgement", "rejected_never_sft", "flagged_steps_never_sft"):
+        for name in ("sft_needs_judgement", "rejected_never_sft", "curation_never_sft", "flagged_steps_never_sft"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false")
 
@@ -128,6 +135,7 @@ class Signals:
     capture_flags: Sequence[str] | None = None  # None: not an in-situ capture
     orm: float | None = None  # the generative ORM's score in [0, 1] (flywheel.orm), None when it gave none
     orm_source: str = ""  # what the ORM was and said; with orm None: why there is no score (never a pass)
+    curation_flags: Sequence[str] = ()  # the trajectory's curation flags (`trajectory_flag_names`)
     bad_steps: Sequence[tuple[int, str]] = ()  # (index, verdict) of kept steps a reviewer marked wrong, not fixed since
 
 
@@ -233,6 +241,23 @@ def curation_value(flags: Sequence[str], config: VConfig) -> float:
     return min(values, default=1.0)
 
 
+BLOCKING_FLAGS = ("not_executable", "divergent_steps", "near_duplicate")
+
+
+def trajectory_flag_names(flags: Sequence[Any] | None) -> list[str]:
+    """`Trajectory.flags` ([{kind, …}]) as flag names: a near duplicate is `near_duplicate:<group>`, or
+    `near_duplicate_kept:<group>` for the one its group keeps."""
+    names = []
+    for flag in flags or []:
+        if not isinstance(flag, dict) or not flag.get("kind"):
+            continue
+        kind = str(flag["kind"])
+        if kind == "near_duplicate":
+            kind = f"near_duplicate{'_kept' if flag.get('keep') else ''}:{flag.get('group', '')}"
+        names.append(kind)
+    return names
+
+
 def validate(signals: Signals, config: VConfig) -> Verdict:
     """V(s) of one trajectory and its route (SFT, CT or HELD), with the reason in words."""
     threshold = config.threshold
@@ -251,9 +276,10 @@ def validate(signals: Signals, config: VConfig) -> Verdict:
     if review is not None:
         scored = f", score {review.score}" if review.score is not None else ""
         comps["review"] = (review_value(review, config), f"review {review.id}: {review.verdict}{scored}")
-    if signals.capture_flags is not None:
-        flags = list(signals.capture_flags)
-        comps["curation"] = (curation_value(flags, config), "capture flags: " + (", ".join(flags) or "none"))
+    if signals.capture_flags is not None or signals.curation_flags:
+        flags = list(signals.capture_flags or []) + list(signals.curation_flags)
+        what = "capture flags" if signals.capture_flags is not None else "curation flags"
+        comps["curation"] = (curation_value(flags, config), f"{what}: " + (", ".join(flags) or "none"))
     if signals.orm is not None:
         comps["orm"] = (min(max(float(signals.orm), 0.0), 1.0), signals.orm_source or "generative ORM")
     total = sum(config.weights.get(name, 0.0) for name in comps)
@@ -272,6 +298,9 @@ def _route(signals: Signals, v: float, config: VConfig, comps: dict[str, tuple[f
     review = signals.review
     if config.rejected_never_sft and review is not None and review.verdict != "approve":
         return CT, f"ct: rejected by review {review.id}"
+    blocking = [f for f in signals.curation_flags if f.split(":", 1)[0] in BLOCKING_FLAGS]
+    if config.curation_never_sft and blocking:
+        return CT, f"ct: curation flagged it ({', '.join(blocking)})"
     if config.flagged_steps_never_sft and signals.bad_steps:
         index, verdict = signals.bad_steps[0]
         more = f" (and {len(signals.bad_steps) - 1} more)" if len(signals.bad_steps) > 1 else ""

@@ -14,6 +14,7 @@ from annotation_app.models import Capture, LiveSession, Task, Trajectory
 
 from .agreement.test_authorization import AGREEMENT_ROUTES
 from .conftest import ROLES, api_client_for
+from .curation.test_authorization import CURATION_ROUTES
 from .factories import ModelVersionFactory, StepFactory, TaskFactory, TrajectoryFactory
 from .flywheel.test_authorization import FLYWHEEL_ROUTES
 from .flywheel.test_demo_authorization import DEMO_ROUTES
@@ -125,6 +126,7 @@ def test_every_route_is_in_the_matrix():
     covered |= WEBHOOK_ROUTES  # tests/webhooks/test_pages.py
     covered |= PLAYER_ROUTES  # tests/review/test_review_authz.py
     covered |= AGREEMENT_ROUTES  # tests/agreement/test_authorization.py
+    covered |= CURATION_ROUTES  # tests/curation/test_authorization.py
     assert routes - covered == set(), "add these routes to MATRIX"
 
 

@@ -36,6 +36,8 @@ QUEUE_OF = {
     "flywheel.requeue_stalled": "flywheel",
     "training.flywheel_stage": "train",
     "sandbox.flywheel_stage": "sandbox",
+    "sandbox.curation_verify": "sandbox",
+    "annotation_app.curation.dedup": "default",
 }
 
 
