@@ -25,7 +25,6 @@ from .models import ProjectSettings, ReviewAssignment, Trajectory, User
 
 log = logging.getLogger(__name__)
 
-LOW_AGREEMENT = 0.5  # tasks whose agreement is below this are reviewed early (annotation_app.agreement)
 REASONS = {
     "new_annotator": (0, "New annotator"),
     "low_agreement": (1, "Low agreement"),
@@ -94,7 +93,7 @@ def low_agreement_task_ids() -> list[int]:
     if finder is None:
         return []
     try:
-        return [int(i) for i in finder(LOW_AGREEMENT)]
+        return [int(i) for i in finder()]  # below agreement.DEFAULT_THRESHOLD: one threshold, kept there
     except Exception:  # agreement is one ordering key among four: the queue keeps working without it
         log.exception("low_agreement_task_ids failed; the review queue orders without it")
         return []
@@ -204,6 +203,7 @@ def next_review(reviewer: User, *, flag: str = "", batch: int = 20) -> ReviewAss
     if active is not None:
         return active
     held = ReviewAssignment.objects.filter(trajectory=OuterRef("pk"), status=ReviewAssignment.Status.ACTIVE)
+    low = low_agreement_task_ids()  # before the transaction: it may take seconds when its cache is cold
     with transaction.atomic():
         # One reviewer's own concurrent requests (double clicks) end with one assignment, not two.
         User.objects.select_for_update().filter(pk=reviewer.pk).values_list("pk", flat=True).get()
@@ -212,7 +212,7 @@ def next_review(reviewer: User, *, flag: str = "", batch: int = 20) -> ReviewAss
             return active
         tried: set[int] = set()
         for limit in (batch, batch * 4, batch * 16):  # wider only when everything seen was taken meanwhile
-            entries = pending_reviews(reviewer, flag=flag, limit=limit)
+            entries = pending_reviews(reviewer, flag=flag, limit=limit, low_tasks=low)
             for entry in entries:
                 if entry.trajectory_id in tried:
                     continue

@@ -13,7 +13,8 @@ from django.utils import timezone
 
 from annotation_app import review_queue, rubric
 from annotation_app.models import ProjectSettings, ReviewAssignment, Role, Trajectory
-from tests.factories import TaskFactory, TrajectoryFactory, UserFactory
+from annotation_app.trajectories import typed_action
+from tests.factories import StepFactory, TaskFactory, TrajectoryFactory, UserFactory
 
 T0 = timezone.now() - timedelta(days=1)
 
@@ -162,3 +163,21 @@ def test_queue_page_takes_next_and_filters(client, lead, make_user):
     assert not ReviewAssignment.objects.filter(status="active").exists()
     nothing = client.post(reverse("lead-review-next"), {"flag": "nothing_like_it"}, HTTP_HX_REQUEST="true")
     assert nothing.status_code == 200 and "No trajectories are waiting" in nothing.content.decode()
+
+
+@pytest.mark.django_db
+def test_low_agreement_tasks_come_from_the_agreement_module(make_user):
+    """Two annotators who disagree on one task (outcome, first action, sequence): their trajectories move ahead of a
+    flagged one, through annotation_app.agreement, not a list given by the test."""
+    ProjectSettings.objects.create(project="", review_first_n=0, review_share=0.0)
+    flagged = submitted(make_user(Role.ANNOTATOR), 0, flags=[{"kind": "near_duplicate"}])
+    task = TaskFactory(required_annotations=2)
+    pair = []
+    for minutes, action_text, reward in ((5, "click(start_box='(10,20)')", 1.0), (6, "type(content='hi')", 0.0)):
+        trajectory = submitted(make_user(Role.ANNOTATOR), minutes, task=task, outcome_reward=reward)
+        StepFactory(trajectory=trajectory, index=0, action_text=action_text, action=typed_action(action_text))
+        pair.append(trajectory.pk)
+    assert task.pk in review_queue.low_agreement_task_ids()
+    entries = review_queue.pending_reviews()
+    assert [e.trajectory_id for e in entries] == [*pair, flagged.pk]
+    assert [e.reason for e in entries] == ["low_agreement", "low_agreement", "flagged"]
