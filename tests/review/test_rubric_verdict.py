@@ -108,6 +108,7 @@ def test_the_trajectory_page_review_form_uses_the_same_logic(client, lead):
     review = Review.objects.get()
     assert (review.score, review.scores) == (4, {"efficient": 5})
     assert ReviewAssignment.objects.get().status == ReviewAssignment.Status.DONE
+    assert "efficient 5" in client.get(reverse("trajectory", args=[trajectory.pk])).content.decode()
 
 
 @pytest.mark.django_db
