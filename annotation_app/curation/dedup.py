@@ -22,7 +22,7 @@ from annotation_app.models import Step, Trajectory
 from sandbox.actions import ActionSyntaxError, Point, action_to_dict, parse_actions
 
 from . import hashing
-from .flags import NEAR_DUPLICATE, replace_flags
+from .flags import NEAR_DUPLICATE, replace_flags, replace_flags_of
 from .models import DuplicateGroup, TrajectorySignature
 
 log = logging.getLogger(__name__)
@@ -125,9 +125,12 @@ def dedup_trajectory(trajectory_id: int, *, resign: bool = False) -> int | None:
             return None
         if sig is None or resign or sig.digest != digest_of(steps):
             fields = signature_fields(trajectory, steps)
-            sig, _ = TrajectorySignature.objects.update_or_create(
-                trajectory_id=trajectory_id, defaults={"task_id": trajectory.task_id, **fields}
-            )
+            if sig is None:
+                sig = TrajectorySignature.objects.create(trajectory=trajectory, task_id=trajectory.task_id, **fields)
+            else:
+                for name, value in {"task_id": trajectory.task_id, **fields}.items():
+                    setattr(sig, name, value)
+                sig.save(update_fields=["task", *fields, "computed_at"])
         candidates = TrajectorySignature.objects.filter(task_id=trajectory.task_id, action_key=sig.action_key).exclude(
             trajectory_id=trajectory_id
         )
@@ -160,8 +163,7 @@ def _refresh(group_id: int | None) -> None:
     if len(members) < 2:
         TrajectorySignature.objects.filter(group_id=group_id).update(group=None)
         DuplicateGroup.objects.filter(pk=group_id).delete()
-        for pk in members:
-            replace_flags(pk, {NEAR_DUPLICATE}, [])
+        replace_flags_of({pk: [] for pk in members}, {NEAR_DUPLICATE})
         return
     preference = Case(
         When(status=Trajectory.Status.APPROVED, then=Value(0)),
@@ -175,7 +177,8 @@ def _refresh(group_id: int | None) -> None:
         .values_list("pk", flat=True)
         .first()
     )
-    DuplicateGroup.objects.filter(pk=group_id).update(kept_id=kept)
+    DuplicateGroup.objects.filter(pk=group_id).exclude(kept_id=kept).update(kept_id=kept)
+    flags = {}
     for pk in members:
         keep = pk == kept
         detail = (
@@ -183,8 +186,8 @@ def _refresh(group_id: int | None) -> None:
             if keep
             else f"near duplicate of trajectory {kept} (group {group_id} of {len(members)})"
         )
-        flag = {"kind": NEAR_DUPLICATE, "group": group_id, "keep": keep, "of": kept, "detail": detail}
-        replace_flags(pk, {NEAR_DUPLICATE}, [flag])
+        flags[pk] = [{"kind": NEAR_DUPLICATE, "group": group_id, "keep": keep, "of": kept, "detail": detail}]
+    replace_flags_of(flags, {NEAR_DUPLICATE})
 
 
 def pending_ids(limit: int) -> list[int]:

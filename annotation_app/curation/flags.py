@@ -22,17 +22,25 @@ LABELS = {NOT_EXECUTABLE: "not executable", DIVERGENT_STEPS: "divergent steps", 
 
 def replace_flags(trajectory_id: int, kinds: frozenset[str] | set[str], new: list[dict[str, Any]]) -> bool:
     """Drop the trajectory's flags of `kinds` and add `new` (each gets `at`); True when the flags changed."""
-    with transaction.atomic():
-        trajectory = Trajectory.objects.select_for_update().get(pk=trajectory_id)
-        old = [f for f in trajectory.flags or [] if isinstance(f, dict)]
-        kept = [f for f in old if f.get("kind") not in kinds]
-        before = [f for f in old if f.get("kind") in kinds]
-        if _without_at(before) == _without_at(new):
-            return False
+    return bool(replace_flags_of({trajectory_id: new}, kinds))
+
+
+def replace_flags_of(new: dict[int, list[dict[str, Any]]], kinds: frozenset[str] | set[str]) -> list[int]:
+    """`replace_flags` for several trajectories: their rows locked in one query (in id order, so two jobs never
+    deadlock), only the changed ones saved; the ids whose flags changed."""
+    changed = []
+    with transaction.atomic(savepoint=False):
         now = timezone.now().isoformat()
-        trajectory.flags = kept + [{**flag, "at": now} for flag in new]
-        trajectory.save(update_fields=["flags"])
-    return True
+        for trajectory in Trajectory.objects.select_for_update().filter(pk__in=list(new)).order_by("pk"):
+            old = [f for f in trajectory.flags or [] if isinstance(f, dict)]
+            before = [f for f in old if f.get("kind") in kinds]
+            wanted = new[trajectory.pk]
+            if _without_at(before) == _without_at(wanted):
+                continue
+            trajectory.flags = [f for f in old if f.get("kind") not in kinds] + [{**f, "at": now} for f in wanted]
+            trajectory.save(update_fields=["flags"])
+            changed.append(trajectory.pk)
+    return changed
 
 
 def _without_at(flags: list[dict[str, Any]]) -> list[dict[str, Any]]:
