@@ -11,11 +11,11 @@ from django.contrib.auth import views as auth_views
 from django.core.paginator import Paginator
 from django.db import connection, transaction
 from django.db.models import Prefetch, Q
-from django.http import FileResponse, Http404, HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
-from . import rubric, task_pool, task_queue, trajectories
+from . import ranges, rubric, task_pool, task_queue, trajectories
 from .live import sessions as live
 from .models import Capture, Review, Role, Task, Trajectory
 from .permissions import Capability, can, requires, trajectories_visible_to
@@ -289,4 +289,4 @@ def media(request: HttpRequest, path: str) -> HttpResponse:
     if not full.is_relative_to(settings.MEDIA_ROOT.resolve()) or not full.is_file():
         raise Http404("No such file.")
     content_type = mimetypes.guess_type(full.name)[0] or "application/octet-stream"
-    return FileResponse(full.open("rb"), content_type=content_type)
+    return ranges.file_response(request, full, content_type)  # byte ranges: audio is seekable only with them

@@ -277,6 +277,11 @@ document.addEventListener("keydown", (event) => {
 // --- audio: each step's span, the words as they are said --------------------------------------------------------------
 
 const audio = $("player-audio");
+// Seek the audio, also before its metadata has loaded (a time set then would be lost).
+function seek(t) {
+  if (audio.readyState >= 1) audio.currentTime = t;
+  else audio.addEventListener("loadedmetadata", () => { audio.currentTime = t; }, { once: true });
+}
 function renderWords() {
   const box = $("player-words");
   if (!box) return;
@@ -287,7 +292,7 @@ function renderWords() {
     span.textContent = w.text.trim() + " ";
     span.dataset.start = w.start;
     span.dataset.end = w.end;
-    span.addEventListener("click", () => { audio.currentTime = w.start; audio.play(); });
+    span.addEventListener("click", () => { seek(w.start); audio.play(); });
     box.append(span);
   }
 }
@@ -306,7 +311,7 @@ if (audio) {
       seg.style.left = `${(100 * s.span.start) / total}%`;
       seg.style.width = `${Math.max(0.5, (100 * (s.span.end - s.span.start)) / total)}%`;
       seg.textContent = s.index;
-      seg.addEventListener("click", () => { audio.currentTime = s.span.start; go(i); });
+      seg.addEventListener("click", () => { seek(s.span.start); go(i); });
       bar.append(seg);
     });
     const head = document.createElement("div");

@@ -203,3 +203,25 @@ def test_validation_reads_open_step_verdicts(lead):
     assert list(signals.bad_steps) == [] and list(signals.indices) == [0, 1]
     assert validate(signals, VConfig(threshold=0.5)).route == SFT
     assert StepVerdict.objects.filter(step__trajectory=trajectory).count() == 3
+
+
+def test_media_answers_byte_ranges_so_the_audio_can_be_seeked(client, lead, media):
+    from django.core.files.base import ContentFile
+
+    from annotation_app.models import Recording
+
+    recording = Recording(trajectory=_trajectory(1), audio_content_type="audio/wav")
+    recording.audio.save("audio.wav", ContentFile(bytes(range(100))), save=True)
+    client.force_login(lead)
+    url = recording.audio.url
+    whole = client.get(url)
+    assert whole.status_code == 200 and whole["Accept-Ranges"] == "bytes"
+    assert b"".join(whole.streaming_content) == bytes(range(100))
+    part = client.get(url, HTTP_RANGE="bytes=10-19")
+    assert part.status_code == 206 and part.content == bytes(range(10, 20))
+    assert part["Content-Range"] == "bytes 10-19/100"
+    tail = client.get(url, HTTP_RANGE="bytes=-5")
+    assert tail.content == bytes(range(95, 100)) and tail["Content-Range"] == "bytes 95-99/100"
+    assert client.get(url, HTTP_RANGE="bytes=90-").content == bytes(range(90, 100))
+    beyond = client.get(url, HTTP_RANGE="bytes=200-300")
+    assert beyond.status_code == 416 and beyond["Content-Range"] == "bytes */100"
