@@ -61,6 +61,46 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             "keep": 1,
         },
     },
+    # The suite agent (training/agent.py, docs/agent.md) on a 2-core CPU: a from-scratch model needs a high learning
+    # rate and several passes over a few hundred oracle demonstrations; PPO is short, on browser suite tasks.
+    "suite-cpu": {
+        "ct": {"batch_episodes": 8, "micro_batch": 8, "epochs": 1, "lr": 1e-3, "max_length": 4096, "save_every": 50},
+        "sft": {
+            "batch_episodes": 8,
+            "micro_batch": 8,
+            "epochs": 6,
+            "lr": 3e-3,
+            "warmup_steps": 5,
+            "max_length": 4096,
+            "save_every": 50,
+            "keep": 1,
+        },
+        "value": {
+            "episodes_per_step": 8,
+            "value_max_steps": 3,
+            "max_turns": 6,
+            "max_new_tokens": 96,
+            "concurrency": 2,
+            "critic_lr": 1e-3,
+            "save_every": 5,
+            "keep": 1,
+        },
+        "ppo": {
+            "episodes_per_step": 8,
+            "iterations": 3,
+            "max_turns": 6,
+            "max_new_tokens": 96,
+            "temperature": 1.0,
+            "concurrency": 2,
+            "actor_lr": 1e-4,
+            "critic_lr": 1e-3,
+            "advantage": "grpo",
+            "group_size": 4,
+            "max_length": 8192,
+            "save_every": 1,
+            "keep": 1,
+        },
+    },
     # The trainer's own defaults (the report's values), checkpointing often enough to resume after a crash.
     "default": {
         "ct": {"save_every": 50},
@@ -69,7 +109,11 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "ppo": {"save_every": 10},
     },
 }
-EVALUATE_DEFAULTS = {"tiny-cpu": {"episodes": 2, "max_new_tokens": 24}, "default": {"episodes": 32}}
+EVALUATE_DEFAULTS = {
+    "tiny-cpu": {"episodes": 2, "max_new_tokens": 24},
+    "suite-cpu": {"episodes": 30, "max_new_tokens": 96},
+    "default": {"episodes": 32},
+}
 EVALUATE_KEYS = {
     "episodes": int, "max_new_tokens": int, "temperature": float, "seed": int, "task_ids": list, "env": str,
 }  # fmt: skip

@@ -15,6 +15,26 @@ from pathlib import Path
 from training.policy.tiny import build_tiny_checkpoint
 
 PATCH = 28  # a merged vision token covers 28x28 pixels
+INSTRUCTION_HEADING = "## User Instruction\n"
+
+# The agent's chat template: Qwen2-VL's (training/policy/tiny.py), except that a message holding the computer-use
+# prompt (training/policy/prompts.py COMPUTER_USE) keeps only its instruction, as "Task: …". The prompt's fixed text
+# (output format, action space) is two thirds of a short episode's tokens; a model trained from scratch learns the
+# grammar from its demonstrations instead, and trains about three times faster on a CPU without it. Every caller
+# still sends the standard prompt: the template, part of the checkpoint, shortens it the same way in training and in
+# serving.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}"
+    "{% if '" + INSTRUCTION_HEADING.replace("\n", "\\n") + "' in message['content'] %}"
+    "Task: {{ message['content'].split('" + INSTRUCTION_HEADING.replace("\n", "\\n") + "')[-1] | trim }}"
+    "{% else %}{{ message['content'] }}{% endif %}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 @dataclass(frozen=True)
@@ -48,5 +68,10 @@ def build_agent(path: str | Path, config: AgentConfig | None = None) -> Path:
         min_pixels=pixels,
         max_pixels=pixels,
     )
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(out)
     (out / "agent.json").write_text(json.dumps({"agent": asdict(config), "trained": False}))
     return out
