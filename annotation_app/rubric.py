@@ -289,11 +289,13 @@ def record_verdict(trajectory: Trajectory, reviewer: User, verdict: Verdict) -> 
 
 
 def _send_task_back(task: Task) -> bool:
-    """Put the task back in the pool (pending) unless it is archived or someone is working on it now."""
+    """Put the task back in the pool (pending: the queue hands it to one more annotator, never to one who did it)
+    unless it is archived or as many annotators as it asks for (k) are working on it now."""
     locked = Task.objects.select_for_update().get(pk=task.pk)
     if locked.status == Task.Status.ARCHIVED:
         return False
-    if Assignment.objects.filter(task=locked, status=Assignment.Status.ACTIVE).exists():
+    holders = Assignment.objects.filter(task=locked, status=Assignment.Status.ACTIVE).count()
+    if holders >= max(locked.required_annotations, 1):
         return False
     Task.objects.filter(pk=locked.pk).update(status=Task.Status.PENDING, updated_at=timezone.now())
     task.status = Task.Status.PENDING

@@ -76,6 +76,15 @@ def test_a_rejection_sends_the_task_back_to_the_pool(lead):
     assert trajectory.status == Trajectory.Status.REJECTED and task.status == Task.Status.PENDING
     assert active.status == ReviewAssignment.Status.DONE and review.scores == {"task_completed": 1}
     assert trajectory.metadata["rejection"] == {"review": review.pk, "reason": "task_not_done", "sent_back": True}
+    # k = 2, one annotator still at work: one slot is open again; with k = 1 and a holder, it stays theirs.
+    for k, reopened in ((2, True), (1, False)):
+        other = TaskFactory(status=Task.Status.ASSIGNED, required_annotations=k)
+        Assignment.objects.create(task=other, annotator=TrajectoryFactory().annotator)
+        rejected = TrajectoryFactory(task=other, status=Trajectory.Status.SUBMITTED)
+        rubric.record_verdict(rejected, lead, verdict)
+        other.refresh_from_db()
+        assert (other.status == Task.Status.PENDING) is reopened
+        assert rejected.metadata["rejection"]["sent_back"] is reopened
     in_progress = TrajectoryFactory(status=Trajectory.Status.IN_PROGRESS)
     with pytest.raises(rubric.VerdictConflict):
         rubric.record_verdict(in_progress, lead, verdict)
