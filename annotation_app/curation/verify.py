@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -72,6 +73,7 @@ def start_verification(
     if len(trajectory_ids) > MAX_BATCH:
         raise Refused(f"At most {MAX_BATCH} trajectories at once ({len(trajectory_ids)} given).")
     found = {t.pk: t for t in Trajectory.objects.select_related("task").filter(pk__in=trajectory_ids)}
+    settle_stale(trajectory_ids)
     runs: list[VerificationRun] = []
     problems: list[str] = []
     for pk in dict.fromkeys(trajectory_ids):
@@ -93,6 +95,20 @@ def start_verification(
             transaction.on_commit(lambda pk=run.pk: queues.enqueue(VERIFY_TASK, pk))
         runs.append(run)
     return runs, problems
+
+
+def settle_stale(trajectory_ids: list[int]) -> int:
+    """Runs still queued or running long after their lease would have expired (their worker died and the message
+    was lost) end as errors, so the trajectory can be verified again; how many."""
+    ttl = float(getattr(settings, "CURATION_LEASE_TTL_S", LEASE_TTL_S))
+    now = timezone.now()
+    stale = VerificationRun.objects.filter(
+        trajectory_id__in=trajectory_ids,
+        status__in=VerificationRun.ACTIVE,
+        created_at__lt=now - timedelta(seconds=2 * ttl),
+    )
+    why = ["The run never finished (its worker stopped)."]
+    return stale.update(status=VerificationRun.Status.ERROR, errors=why, finished_at=now)
 
 
 @dataclass

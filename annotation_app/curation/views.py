@@ -12,7 +12,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from annotation_app import queues
 from annotation_app.models import Trajectory
-from annotation_app.permissions import Capability, requires
+from annotation_app.permissions import Capability, can, requires
 
 from .dedup import DEDUP_TASK
 from .flags import KINDS, LABELS
@@ -44,7 +44,8 @@ def curation(request: HttpRequest) -> HttpResponse:
         .prefetch_related(Prefetch("members", queryset=members))
         .annotate(size=Count("members"))[:GROUPS_SHOWN]
     )
-    context = {**_runs_context(), "groups": groups, "counts": flag_counts(), "max_batch": MAX_BATCH}
+    context = {**_runs_context(), "groups": groups, "counts": flag_counts(), "max_batch": MAX_BATCH,
+               "can_start": can(request.user, Capability.REVIEW)}  # fmt: skip
     return render(request, "curation/page.html", context)
 
 

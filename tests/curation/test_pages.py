@@ -3,15 +3,18 @@ lead's trajectory list, and the review page's fragment (`curation_for` + templat
 
 from __future__ import annotations
 
+from datetime import timedelta
 from html import unescape
 
 import pytest
 from django.template.loader import render_to_string
 from django.urls import reverse
+from django.utils import timezone
 
 from annotation_app.curation.dedup import dedup_pending
 from annotation_app.curation.flags import curation_for
 from annotation_app.curation.models import VerificationRun
+from annotation_app.curation.verify import start_verification
 from annotation_app.models import Role, Trajectory
 
 from ..factories import TaskFactory
@@ -97,3 +100,16 @@ def test_the_review_fragment_shows_flags_divergent_steps_and_duplicates(flagged)
     html = render_to_string("curation/_trajectory_flags.html", {"curation": info})
     assert 'data-step="1"' in html and 'data-flag="divergent_steps"' in html and f"#{b.pk}" in html
     assert "Never replayed" in render_to_string("curation/_trajectory_flags.html", {"curation": curation_for(b)})
+
+
+def test_engineers_read_the_page_without_the_forms_and_a_stale_run_gives_way(client, make_user, media):
+    client.force_login(make_user(Role.ML_ENGINEER))
+    html = client.get(reverse("curation")).content.decode()
+    assert "Data leads start verifications" in html and reverse("curation-verify") not in html
+    t = make_trajectory(TaskFactory(), [(CLICK, picture(1))])
+    stale = VerificationRun.objects.create(trajectory=t, threshold=10, status=VerificationRun.Status.RUNNING)
+    VerificationRun.objects.filter(pk=stale.pk).update(created_at=timezone.now() - timedelta(hours=2))
+    runs, problems = start_verification([t.pk], enqueue=False)
+    assert problems == [] and len(runs) == 1
+    stale.refresh_from_db()
+    assert stale.status == VerificationRun.Status.ERROR and "never finished" in stale.errors[0]

@@ -136,8 +136,8 @@ def test_a_replay_through_the_sandbox_queue_passes(transactional_db, sandbox_set
         assert response.status_code == 200, response.content
         run = VerificationRun.objects.get(trajectory=trajectory)
         assert wait_for(lambda: not VerificationRun.objects.get(pk=run.pk).active, timeout=120), (
-            (tmp_path / "worker.log").read_text()[-3000:]
-        )
+            tmp_path / "worker.log"
+        ).read_text()[-3000:]
     run.refresh_from_db()
     assert run.status == VerificationRun.Status.PASSED, run.errors
     assert run.executable is True and run.evaluator_score == 1.0 and run.divergent_steps == []
