@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 from django.core.files.base import ContentFile
+from django.test import Client
 from django.urls import reverse
 
 from annotation_app.curation.models import VerificationRun
@@ -128,14 +129,12 @@ def test_a_replay_through_the_sandbox_queue_passes(transactional_db, sandbox_set
     trajectory = stored(recording)
     lead = make_user(Role.DATA_LEAD)
     with celery_worker(tmp_path / "worker.log", SANDBOX_URL=service, SANDBOX_API_KEY=API_KEY):
-        from django.test import Client
-
         client = Client()
         client.force_login(lead)
         response = client.post(reverse("curation-verify"), {"ids": f"{trajectory.pk}"}, HTTP_HX_REQUEST="true")
         assert response.status_code == 200, response.content
         run = VerificationRun.objects.get(trajectory=trajectory)
-        assert wait_for(lambda: not VerificationRun.objects.get(pk=run.pk).active, timeout=120), (
+        assert wait_for(lambda: not VerificationRun.objects.get(pk=run.pk).active, timeout=240), (
             tmp_path / "worker.log"
         ).read_text()[-3000:]
     run.refresh_from_db()
