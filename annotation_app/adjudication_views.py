@@ -28,7 +28,7 @@ def agreement_page(request: HttpRequest) -> HttpResponse:
     raw = request.GET.get("threshold", "").strip() or str(agreement.DEFAULT_THRESHOLD)
     threshold = _threshold(raw)
     error = "" if threshold is not None else f"'{raw}' is not a threshold: give a number from 0 to 1."
-    results = agreement.all_task_agreements()
+    results = agreement.cached_task_agreements()
     rows = agreement.disagreements(results, threshold if threshold is not None else agreement.DEFAULT_THRESHOLD)
     tasks = Task.objects.in_bulk([r["task_id"] for r in rows])
     names = dict(User.objects.filter(pk__in={a for r in rows for a in r["annotators"]}).values_list("pk", "username"))

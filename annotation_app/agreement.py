@@ -17,6 +17,7 @@ of 10k tasks is one pass (bench/agreement.py).
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -26,15 +27,17 @@ from typing import Any
 
 import krippendorff
 import numpy as np
-from django.db.models import Count, Max
+from django.core.cache import cache
+from django.db.models import Count, Max, Q, QuerySet, Sum
 from rapidfuzz.distance import Levenshtein
 
-from .models import Review, Step, Task, Trajectory, User
+from .models import Review, Step, StepEdit, Task, Trajectory, User
 
 TOLERANCE_PX = 30.0  # first-step click points this close (screen pixels) agree when no element boxes are known
 GRID = 20  # later steps' points are compared on a GRID x GRID grid of the screen
 SUCCESS = 0.5  # an outcome_reward at or above this is a success
 DEFAULT_THRESHOLD = 0.5  # a task whose agreement is below this is a disagreement for the lead to adjudicate
+CACHE_SECONDS = 600
 FINISHED = (Trajectory.Status.SUBMITTED, Trajectory.Status.APPROVED, Trajectory.Status.REJECTED)
 POINT_FIELDS = ("point", "start", "end")
 TARGET_FIELDS = ("content", "keys", "direction", "url", "key", "app_name")
@@ -213,65 +216,82 @@ def agreement_of(annotations: Sequence[Annotation], boxes: Sequence[Box] = ()) -
 # --- reading the database ------------------------------------------------------------------------------------------
 
 
-def overlapping_task_ids(task_ids: Iterable[int] | None = None) -> list[int]:
-    """Tasks with finished trajectories of at least two different annotators."""
+def _annotated(task_ids: Iterable[int] | None = None) -> QuerySet[Trajectory]:
+    """Finished trajectories by annotators (rollouts excluded), of the given tasks or all."""
     rows = Trajectory.objects.filter(status__in=FINISHED, annotator__isnull=False).exclude(mode=Trajectory.Mode.ROLLOUT)
-    if task_ids is not None:
-        rows = rows.filter(task_id__in=list(task_ids))
-    return list(
-        rows.values("task_id")
+    return rows if task_ids is None else rows.filter(task_id__in=list(task_ids))
+
+
+def _overlapping(task_ids: Iterable[int] | None = None) -> QuerySet:
+    """The ids of tasks with finished trajectories of at least two different annotators, as a subquery."""
+    return (
+        _annotated(task_ids)
+        .order_by()
+        .values("task_id")
         .annotate(n=Count("annotator", distinct=True))
         .filter(n__gte=2)
-        .order_by("task_id")
-        .values_list("task_id", flat=True)
+        .values("task_id")
     )
+
+
+def overlapping_task_ids(task_ids: Iterable[int] | None = None) -> list[int]:
+    """Tasks with finished trajectories of at least two different annotators."""
+    return sorted(_overlapping(task_ids).values_list("task_id", flat=True))
 
 
 def load_annotations(task_ids: Iterable[int] | None = None) -> dict[int, list[Annotation]]:
-    """{task id: annotations} of the overlapping tasks (all, or those given), in four bulk queries."""
-    tasks = overlapping_task_ids(task_ids)
-    if not tasks:
-        return {}
-    latest = (
-        Trajectory.objects.filter(task_id__in=tasks, status__in=FINISHED, annotator__isnull=False)
-        .exclude(mode=Trajectory.Mode.ROLLOUT)
-        .values("task_id", "annotator_id")
-        .annotate(last=Max("id"))
-        .values_list("last", flat=True)
-    )
+    """{task id: annotations} of the overlapping tasks (all, or those given), in three bulk queries.
+
+    The overlapping tasks are a subquery each query joins on (PostgreSQL runs it once, hashed), never a list of ids
+    sent back and forth; each annotator's latest trajectory is picked here."""
+    task_ids = None if task_ids is None else list(task_ids)
+    overlapping = _overlapping(task_ids)
     found: dict[int, Annotation] = {}
-    for pk, task_id, annotator_id, width, height, outcome in Trajectory.objects.filter(pk__in=latest).values_list(
+    latest: dict[tuple[int, int], int] = {}
+    rows = _annotated(task_ids).filter(task_id__in=overlapping).order_by("id")
+    for pk, task_id, annotator_id, width, height, outcome in rows.values_list(
         "pk", "task_id", "annotator_id", "screen_width", "screen_height", "outcome_reward"
     ):
+        latest[(task_id, annotator_id)] = pk  # ordered by id: the last one wins
         found[pk] = Annotation(pk, task_id, annotator_id, width, height, outcome)
+    found = {pk: found[pk] for pk in latest.values()}
+    if not found:
+        return {}
+    in_scope = {"trajectory__task_id__in": overlapping, "trajectory__status__in": FINISHED}
     steps = (
-        Step.objects.filter(trajectory_id__in=latest)
+        Step.objects.filter(**in_scope)
         .exclude(status=Step.Status.CUT)
         .order_by("trajectory_id", "index")
         .values_list("trajectory_id", "action")
     )
-    for trajectory_id, action in steps.iterator(chunk_size=5000):
-        found[trajectory_id].steps.append((action or {}).get("actions", []))
+    bulk = task_ids is None  # a server-side cursor pays off for every task, not for a page's one or two
+    for trajectory_id, action in steps.iterator(chunk_size=10000) if bulk else steps:
+        annotation = found.get(trajectory_id)
+        if annotation is not None:
+            annotation.steps.append((action or {}).get("actions", []))
     reviews = (
-        Review.objects.filter(trajectory_id__in=latest)
+        Review.objects.filter(**in_scope)
         .order_by("trajectory_id", "created_at", "id")
         .values_list("trajectory_id", "reviewer_id", "verdict", "scores")
     )
-    for trajectory_id, reviewer_id, verdict, scores in reviews.iterator(chunk_size=5000):
-        annotation = found[trajectory_id]
-        annotation.verdict = verdict  # the latest wins
-        if scores:
-            annotation.scores[reviewer_id] = scores
+    for trajectory_id, reviewer_id, verdict, scores in reviews.iterator(chunk_size=10000) if bulk else reviews:
+        annotation = found.get(trajectory_id)
+        if annotation is not None:
+            annotation.verdict = verdict  # the latest wins
+            if scores:
+                annotation.scores[reviewer_id] = scores
     by_task: dict[int, list[Annotation]] = defaultdict(list)
     for annotation in found.values():
         by_task[annotation.task_id].append(annotation)
     return dict(by_task)
 
 
-def element_boxes(task_ids: Iterable[int]) -> dict[int, list[Box]]:
-    """The tasks' initial-screen element boxes (metadata.initial_elements), where they have well-formed ones."""
+def element_boxes(task_ids: Iterable[int] | None = None) -> dict[int, list[Box]]:
+    """The tasks' (or every task's) initial-screen element boxes (metadata.initial_elements), where well-formed."""
     out: dict[int, list[Box]] = {}
-    rows = Task.objects.filter(pk__in=list(task_ids)).exclude(metadata__initial_elements=None)
+    rows = Task.objects.filter(metadata__has_key="initial_elements")
+    if task_ids is not None:
+        rows = rows.filter(pk__in=list(task_ids))
     for pk, boxes in rows.values_list("pk", "metadata__initial_elements"):
         good = [
             tuple(float(v) for v in b)
@@ -286,13 +306,41 @@ def element_boxes(task_ids: Iterable[int]) -> dict[int, list[Box]]:
 def all_task_agreements(task_ids: Iterable[int] | None = None) -> dict[int, dict[str, Any]]:
     """{task id: task agreement} of every overlapping task (or of those given)."""
     annotations = load_annotations(task_ids)
-    boxes = element_boxes(annotations)
+    boxes = element_boxes(None if task_ids is None else annotations)
     out = {}
     for task_id, found in annotations.items():
         result = agreement_of(found, boxes.get(task_id, ()))
         if result is not None:
             out[task_id] = result
     return out
+
+
+def fingerprint() -> str:
+    """A cheap summary of everything agreement reads (finished trajectories, their reviews and step edits): it
+    changes whenever a result could, so cached results are keyed on it."""
+    t = Trajectory.objects.filter(status__in=FINISHED, annotator__isnull=False).aggregate(
+        n=Count("pk"),
+        last=Max("updated_at"),
+        approved=Count("pk", filter=Q(status=Trajectory.Status.APPROVED)),
+        rejected=Count("pk", filter=Q(status=Trajectory.Status.REJECTED)),
+        scored=Count("outcome_reward"),
+        outcomes=Sum("outcome_reward"),
+    )  # counts and sums too: a queryset.update() leaves updated_at as it was
+    r = Review.objects.aggregate(n=Count("pk"), last=Max("pk"))
+    e = StepEdit.objects.aggregate(n=Count("pk"), last=Max("pk"))
+    boxes = Task.objects.exclude(metadata__initial_elements=None).aggregate(last=Max("updated_at"))
+    return ":".join(str(v) for v in (*t.values(), *r.values(), *e.values(), boxes["last"]))
+
+
+def cached_task_agreements() -> dict[int, dict[str, Any]]:
+    """all_task_agreements(), kept in the cache until anything it reads changes (or CACHE_SECONDS pass): the lead's
+    agreement page and the review queue ask for it often, and 10k tasks take seconds to compute."""
+    key = "agreement:all:" + hashlib.sha256(fingerprint().encode()).hexdigest()[:32]
+    found = cache.get(key)
+    if found is None:
+        found = all_task_agreements()
+        cache.set(key, found, CACHE_SECONDS)
+    return found
 
 
 def task_agreement(task_id: int) -> dict[str, Any] | None:
@@ -302,13 +350,13 @@ def task_agreement(task_id: int) -> dict[str, Any] | None:
 
 def low_agreement_task_ids(threshold: float = DEFAULT_THRESHOLD) -> list[int]:
     """Overlapping tasks whose agreement is below `threshold`, the least agreeing first."""
-    scored = [(r["agreement"], pk) for pk, r in all_task_agreements().items() if r["agreement"] is not None]
+    scored = [(r["agreement"], pk) for pk, r in cached_task_agreements().items() if r["agreement"] is not None]
     return [pk for value, pk in sorted(scored) if value < threshold]
 
 
 def pair_agreement(agreements: dict[int, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Per annotator pair over the tasks both did: tasks, outcome and first-step agreement rates, mean similarity."""
-    agreements = all_task_agreements() if agreements is None else agreements
+    agreements = cached_task_agreements() if agreements is None else agreements
     pairs: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
     for result in agreements.values():
         for pair in result["pairs"]:

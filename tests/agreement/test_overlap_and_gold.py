@@ -199,3 +199,15 @@ def test_adjudication_pages_answer_bad_input_with_400(client, lead, three):
     lonely = TaskFactory()
     annotate(lonely, a, ["wait()"])
     assert client.post(reverse("lead-adjudicate", args=[lonely.pk]), {"chosen": "neither"}).status_code == 400
+
+
+def test_cached_agreements_follow_every_change(three, lead):
+    a, b, _ = three
+    task = TaskFactory()
+    annotate(task, a, ["wait()"], outcome=1.0)
+    second = annotate(task, b, ["wait()"], outcome=1.0)
+    assert agreement.cached_task_agreements()[task.pk]["outcome_agreement"] == 1.0
+    Trajectory.objects.filter(pk=second.pk).update(outcome_reward=0.0)  # no updated_at change
+    assert agreement.cached_task_agreements()[task.pk]["outcome_agreement"] == 0.0
+    adjudication.adjudicate(task, lead, "neither")
+    assert agreement.cached_task_agreements() == agreement.all_task_agreements()
