@@ -21,7 +21,6 @@ from typing import Any
 
 import httpx
 from django.db import transaction
-from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
 from sandbox import suite
@@ -29,6 +28,7 @@ from sandbox.actions import format_actions, parse_actions
 from sandbox.coordinates import ScreenMapping, map_points, mapping_for
 from sandbox.suite.run import read_state
 
+from . import task_queue
 from .live import sessions as live
 from .models import Assignment, LiveSession, Role, Step, Task, Trajectory, User
 from .trajectories import Conflict
@@ -84,23 +84,17 @@ def claim(annotator: User, task: Task) -> Assignment:
         )  # fmt: skip
         for session in open_sessions:
             live.end_live(session, "skipped")
-        now = timezone.now()
         with transaction.atomic():
-            if Assignment.objects.filter(pk=current.pk, status=Assignment.Status.ACTIVE).update(
-                status=Assignment.Status.SKIPPED, finished_at=now
-            ):
-                Task.objects.filter(pk=current.task_id, status=Task.Status.ASSIGNED).update(
-                    status=Task.Status.PENDING, updated_at=now
-                )
+            task_queue._finish(current, Assignment.Status.SKIPPED)  # the queue's own release: its task reopens
     with transaction.atomic():
         locked = Task.objects.select_for_update().get(pk=task.pk)
         if locked.status == Task.Status.ARCHIVED:
             raise Conflict(f"Task {task.pk} is archived.")
         if Assignment.objects.filter(task=locked, status=Assignment.Status.ACTIVE).exists():
             raise Conflict(f"Task {task.pk} is being annotated by someone else now.")
-        if locked.status == Task.Status.PENDING:
-            Task.objects.filter(pk=locked.pk).update(status=Task.Status.ASSIGNED, updated_at=timezone.now())
-        return Assignment.objects.create(task=locked, annotator=annotator)
+        assignment = Assignment.objects.create(task=locked, annotator=annotator)
+        task_queue._settle(locked, "claimed")  # the queue's rule: assigned once its k slots are taken
+        return assignment
 
 
 def oracle_state(session: LiveSession) -> dict[str, Any]:

@@ -29,6 +29,15 @@ from ..trajectories import Conflict, Invalid
 from . import sessions as live
 
 STATE = inline_serializer("LiveState", {"status": serializers.CharField(), "next_index": serializers.IntegerField()})
+ORACLE_STATE = inline_serializer(
+    "OracleState",
+    {
+        "trajectory": serializers.IntegerField(), "next_index": serializers.IntegerField(),
+        "family": serializers.CharField(), "metadata": serializers.DictField(), "state": serializers.DictField(),
+        "screen_width": serializers.IntegerField(), "screen_height": serializers.IntegerField(),
+        "model_width": serializers.IntegerField(), "model_height": serializers.IntegerField(),
+    },
+)  # fmt: skip
 VNC_TOKEN = inline_serializer("VncToken", {"token": serializers.CharField(), "port": serializers.CharField()})
 
 
@@ -48,7 +57,7 @@ class LiveView(APIView):
         return session
 
 
-class LiveOpenSerializer(serializers.Serializer):
+class LiveOpenSerializer(s.StrictSerializerMixin, serializers.Serializer):
     task = serializers.IntegerField(
         required=False, min_value=1, help_text="Simulated annotators only: the task to take (people use the queue)."
     )
@@ -181,7 +190,7 @@ class LiveOracleStateView(APIView):
 
     permission_classes = [allows(Capability.ANNOTATE)]
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(responses={200: ORACLE_STATE})
     def get(self, request: Request, pk: int) -> Response:
         if not request.user.is_simulated:
             raise PermissionDenied("Only simulated annotators may read a session's ground truth.")
