@@ -80,10 +80,10 @@ def main(argv: list[str] | None = None) -> int:
 
     agent = stages.add_parser("agent-init", help="write the untrained suite agent (training/agent.py, docs/agent.md)")
     agent.add_argument("--out", type=Path, required=True)
-    agent.add_argument("--hidden", type=int, default=128)
-    agent.add_argument("--layers", type=int, default=4)
-    agent.add_argument("--heads", type=int, default=4)
-    agent.add_argument("--image-tokens", type=int, default=48, help="screenshot size in 28-pixel vision tokens")
+    agent.add_argument("--hidden", type=int, default=64)
+    agent.add_argument("--layers", type=int, default=3)
+    agent.add_argument("--heads", type=int, default=2)
+    agent.add_argument("--image-tokens", type=int, default=16, help="screenshot size in 28-pixel vision tokens")
     agent.add_argument("--seed", type=int, default=0)
 
     demos = stages.add_parser("demos", help="expert episodes of a built-in environment (an SFT store to start from)")

@@ -42,10 +42,10 @@ class AgentConfig:
     """The agent's size: decoder width, depth and heads, and the screenshot's size in vision tokens (the image
     processor resizes every screenshot to about `image_tokens` 28-pixel cells, keeping its aspect ratio)."""
 
-    hidden: int = 128
-    layers: int = 4
-    heads: int = 4
-    image_tokens: int = 48
+    hidden: int = 64
+    layers: int = 3
+    heads: int = 2
+    image_tokens: int = 16
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -177,3 +177,42 @@ def record_demos(
     tmp.replace(out)
     result.seconds = time.monotonic() - started
     return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m sandbox.suite.demos --out FILE [--families a,b] [--train N] [--levels 1,2]`: record training
+    instances' demonstrations on the service at $SANDBOX_URL (key $SANDBOX_API_KEY)."""
+    import argparse
+    import os
+
+    from . import families, suite_tasks
+
+    parser = argparse.ArgumentParser(prog="python -m sandbox.suite.demos", description=main.__doc__)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--families", default="", help="comma-separated (default: every browser family)")
+    parser.add_argument("--train", type=int, default=20, help="training seeds per family and level")
+    parser.add_argument("--levels", default="1", help="comma-separated difficulty levels")
+    parser.add_argument("--no-outline", action="store_true", help="screenshots only")
+    args = parser.parse_args(argv)
+    names = [n for n in args.families.split(",") if n] or families()
+    try:
+        levels = [int(n) for n in args.levels.split(",") if n]
+        tasks = suite_tasks(names, train=args.train, heldout=0, levels=levels)
+    except ValueError as exc:
+        parser.exit(2, f"error: {exc}\n")
+    if not args.families:
+        tasks = [t for t in tasks if t["platform"] == "browser"]
+    url, key = os.environ.get("SANDBOX_URL", "http://127.0.0.1:8010"), os.environ.get("SANDBOX_API_KEY", "")
+    client = SandboxClient(url, key, owner="suite-demos")
+    try:
+        result = record_demos(client, tasks, args.out, outline=not args.no_outline,
+                              on_episode=lambda done, total: print(f"{done}/{total}", flush=True))  # fmt: skip
+    finally:
+        client.close()
+    print(json.dumps({"path": result.path, "episodes": result.episodes, "steps": result.steps,
+                      "failed": result.failed, "seconds": round(result.seconds, 1)}))  # fmt: skip
+    return 0 if result.episodes else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
