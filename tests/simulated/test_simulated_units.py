@@ -7,8 +7,10 @@ import pytest
 from django.urls import reverse
 
 from annotation_app import simulated
+from annotation_app.live import sessions as live
 from annotation_app.models import Assignment, LiveSession, Role, Step, Task, Trajectory
 from annotation_app.trajectories import Conflict
+from flywheel.models import ModelVersion
 
 from ..conftest import ROLES, api_client_for
 from ..factories import TaskFactory, TrajectoryFactory
@@ -115,3 +117,21 @@ def test_acceptance_counts_steps_with_candidates(db):
     figures = simulated.acceptance([one.pk, two.pk])
     assert figures == {"trajectories": 2, "steps": 3, "total": 2, "accepted": 1, "overridden": 1, "rate": 0.5}
     assert simulated.acceptance([two.pk])["rate"] is None and simulated.acceptance([])["steps"] == 0
+
+
+def test_live_trajectories_of_simulated_annotators_are_labelled_everywhere(db, make_user, client):
+    ModelVersion.objects.create(name="m", checkpoint_uri="x", endpoint_url="http://127.0.0.1:9/v1").promote()
+    sim, person = simulated.simulated_annotators(1)[0], make_user(Role.ANNOTATOR)
+    theirs, mine = TaskFactory(), TaskFactory()
+    by_sim = live.open_live(sim, simulated.claim(sim, theirs).task).trajectory
+    Assignment.objects.create(task=mine, annotator=person)
+    by_person = live.open_live(person, mine).trajectory
+    assert Trajectory.objects.get(pk=by_sim.pk).simulated and not Trajectory.objects.get(pk=by_person.pk).simulated
+
+    client.force_login(make_user("superuser"))
+    listed = client.get(reverse("lead-trajectories")).content.decode()
+    assert listed.count('class="pill simulated"') == 1
+    assert 'class="pill simulated"' in client.get(reverse("trajectory", args=[by_sim.pk])).content.decode()
+    assert 'class="pill simulated"' not in client.get(reverse("trajectory", args=[by_person.pk])).content.decode()
+    admin = client.get(reverse("admin:annotation_app_trajectory_changelist"), {"simulated__exact": "1"})
+    assert admin.status_code == 200 and [t.pk for t in admin.context["cl"].result_list] == [by_sim.pk]
