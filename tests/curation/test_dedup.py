@@ -4,7 +4,10 @@ not; a trajectory whose steps change leaves its group; one trajectory costs the 
 
 from __future__ import annotations
 
+import io
+
 import pytest
+from django.core.management import call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
@@ -112,3 +115,20 @@ def test_one_trajectory_costs_the_same_queries_in_a_bigger_store(media, shots):
         dedup_trajectory(probe.pk, resign=True)
     assert len(big) == len(small)
     assert _near(probe)["of"] == first.pk
+
+
+def test_the_management_command_runs_both_passes(media, shots, settings):
+    task = TaskFactory()
+    a = make_trajectory(task, [(CLICK, shots[0]), (DONE, shots[1])])
+    make_trajectory(task, [(CLICK, shots[0]), (DONE, shots[1])])
+    out = io.StringIO()
+    call_command("curate", "dedup", stdout=out)
+    assert out.getvalue().strip() == "checked 2, in a duplicate group 1"
+    out = io.StringIO()
+    call_command("curate", "dedup", "--all", "--resign", stdout=out)
+    assert out.getvalue().strip() == "checked 2, in a duplicate group 2"
+    settings.SANDBOX_URL = "http://127.0.0.1:9"  # nothing answers: the run ends as an error, said in words
+    out, err = io.StringIO(), io.StringIO()
+    call_command("curate", "verify", str(a.pk), "999999", stdout=out, stderr=err)
+    assert "Trajectory 999999 does not exist." in err.getvalue()
+    assert f"trajectory {a.pk}: error" in out.getvalue() and "No sandbox session" in out.getvalue()
