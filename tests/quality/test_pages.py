@@ -39,6 +39,11 @@ def test_the_dashboard_shows_the_latest_figures(lead_client):
     assert "As of" in page.text and "ann-z" in page.text and "policy-z" in page.text
     assert 'id="quality-plots"' in page.text and "uPlot.iife.min.js" in page.text
     assert f"computed in {done.duration_ms} ms" in page.text
+    # The figures are cached per refresh: new work shows after the next refresh, not before.
+    TrajectoryFactory(annotator=UserFactory(username="ann-y"), status=Trajectory.Status.SUBMITTED)
+    assert "ann-y" not in lead_client.get(reverse("quality")).text
+    aggregates.refresh("test")
+    assert "ann-y" in lead_client.get(reverse("quality")).text
 
 
 def test_csv_downloads_and_unknown_tables(lead_client):
