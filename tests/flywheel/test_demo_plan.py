@@ -1,0 +1,37 @@
+"""The demonstration's plan and its refusals: unknown families and iteration counts are refused with a message, and
+the command refuses to start, naming each missing service, when the stack is not up (no server, no worker)."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from flywheel.demo import DemoError, check_stack, make_plan, rotate
+
+from ..servers import free_port
+
+
+def test_plans():
+    quick, full = make_plan(quick=True), make_plan()
+    assert len(quick.families) == 2 and len(full.families) > len(quick.families)
+    assert quick.domains == [f"suite-{name}" for name in quick.families]
+    assert make_plan(seed=4, families=["slider"], iterations=1).families == ("slider",)
+    with pytest.raises(DemoError, match="unknown family: telepathy"):
+        make_plan(families=["telepathy"])
+    with pytest.raises(DemoError, match="iterations must be from 0 to 10"):
+        make_plan(iterations=11)
+    assert [t for t in rotate([1, 2, 3], 2, 2)] == [3, 1] and rotate([], 2, 0) == []
+
+
+def test_the_command_names_what_is_not_running(settings, db):
+    closed = free_port()
+    settings.SANDBOX_URL = f"http://127.0.0.1:{closed}"
+    settings.EMBEDDED_POLICY_URL = f"http://127.0.0.1:{closed}/v1"
+    problems = " ".join(check_stack(f"http://127.0.0.1:{closed}"))
+    for what in ("the web app", "the sandbox service", "the policy server", "flywheel, train, sandbox, live"):
+        assert what in problems
+    with pytest.raises(CommandError, match="the demonstration needs the stack up"):
+        call_command("flywheel", "demo", "--quick", "--base-url", f"http://127.0.0.1:{closed}")
+    with pytest.raises(CommandError, match="unknown family"):
+        call_command("flywheel", "demo", "--families", "nope")
