@@ -106,7 +106,7 @@ def test_the_queue_mixes_gold_in_at_the_project_rate(make_user):
         Task.objects.filter(pk=task.pk).update(status=Task.Status.PENDING)  # keep every task available
     expected = sum(gold.draw(u.pk, 0) < 0.25 for u in users)  # the draws are deterministic
     assert handed["gold"] == expected
-    assert 8 <= expected <= 32  # and uniform enough: 25 % of 80 is 20
+    assert 4 <= expected <= 40  # and uniform enough: 25 % of 80 is 20 (sd 3.9; this bound fails once in 10^4)
 
 
 def test_gold_tasks_stay_open_and_every_annotator_does_each_once(three):
