@@ -106,8 +106,8 @@ def make_plan(*, quick: bool = False, seed: int = 0, families: list[str] | None 
     small = preset == "tiny-cpu"  # the random tiny model: only the mechanics, so keep its runs short
     plan = DemoPlan(
         seed=seed, families=chosen, iterations=iterations, quick=quick, preset=preset,
-        train_per_family=3 if quick else 6, heldout_per_family=3 if quick else 5,
-        annotate_per_iteration=2 if quick else 6, rft_tasks_per_iteration=2 if quick else 6,
+        train_per_family=10 if quick else 15, heldout_per_family=5,
+        annotate_per_iteration=4 if quick else 12, rft_tasks_per_iteration=4 if quick else 12,
         rft_attempts=1 if quick else 2, max_steps=6 if quick else 8,
         train={"ppo": {"env": "sandbox:max_steps=4", "iterations": 1}} if small else {},
         evaluate={"max_new_tokens": 64} if small else {},

@@ -112,9 +112,11 @@ def test_demo_runs_every_stage_through_the_platform(media, transactional_db, tmp
     runs = tmp_path / "runs"
     runs.mkdir()
     policy_port = free_port()
+    # The mechanics only: the shortest training runs, whatever the agent's own preset.
     plan = make_plan(
         quick=True, seed=3, families=FAMILIES, iterations=1, train_per_family=1, heldout_per_family=1,
         annotate_per_iteration=1, annotators=1, rft_tasks_per_iteration=1, rft_attempts=1, max_steps=3,
+        preset="tiny-cpu", train={"ppo": {"env": "sandbox:max_steps=2", "iterations": 1, "max_new_tokens": 24}},
         evaluate={"max_new_tokens": 24}, rft={"max_tokens": 24},
     )  # fmt: skip
     policy = [sys.executable, "-m", "training.policy.server", "--name", "tiny-uitars", "--port", str(policy_port)]
