@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
+from typing import Any
 
 from django.db import connection, transaction
 from django.utils import timezone
 
+from annotation_app import agreement
 from annotation_app.models import Review, ReviewAssignment, Step, Task, Trajectory, User
 from flywheel.models import ModelVersion
 
@@ -20,6 +22,12 @@ LOCK_KEY = 0x5175616C  # "Qual": one refresh at a time across every worker
 # Gold accuracy is the mean verifier reward of finished gold-task trajectories (as annotation_app.gold computes it);
 # for peer agreement, a trajectory with a reward counts as a success when the reward reaches PASS.
 PASS = 0.5
+# AnnotatorStats field: agreement.pair_agreement key.
+PEER_MEASURES = {
+    "peer_outcome": "outcome_agreement",
+    "peer_first_step": "first_step_agreement",
+    "peer_similarity": "similarity",
+}
 KEEP_HISTORY = timedelta(days=7)  # older refresh records are pruned
 SUBMITTED = (Trajectory.Status.SUBMITTED, Trajectory.Status.APPROVED, Trajectory.Status.REJECTED)
 
@@ -105,11 +113,11 @@ active AS (
     FROM activity GROUP BY annotator_id
 )
 INSERT INTO {T["a_stats"]} (annotator_id, username, trajectories, steps, active_hours, active_days, median_step_s,
-    reviewed, passed, gold_scored, gold_reward_sum, peer_pairs, peer_agreed)
+    reviewed, passed, gold_scored, gold_reward_sum, peer_pairs, peer_agreed, peer_tasks)
 SELECT u.id, u.username, coalesce(pt.trajectories, 0), coalesce(ps.steps, 0), coalesce(ac.hours, 0),
     coalesce(ac.days, 0), ps.median_step_s, coalesce(pt.reviewed, 0), coalesce(pt.passed, 0),
     coalesce(pt.gold_scored, 0), coalesce(pt.gold_reward_sum, 0), coalesce(pr.peer_pairs, 0),
-    coalesce(pr.peer_agreed, 0)
+    coalesce(pr.peer_agreed, 0), 0
 FROM {T["user"]} u
     JOIN (SELECT DISTINCT annotator_id FROM traj) who ON who.annotator_id = u.id
     LEFT JOIN per_traj pt ON pt.annotator_id = u.id
@@ -197,6 +205,7 @@ def refresh(trigger: str = "beat") -> Refresh | None:
             cursor.execute(COVERAGE_SQL)
             cursor.execute(BACKLOG_SQL)
             unreviewed, assigned, oldest = cursor.fetchone()
+            store_peer_agreement(agreement.pair_agreement(agreement.all_task_agreements()))
             Refresh.objects.filter(started_at__lt=started - KEEP_HISTORY).delete()
             return Refresh.objects.create(
                 status=Refresh.Status.DONE,
@@ -217,6 +226,31 @@ def refresh(trigger: str = "beat") -> Refresh | None:
             error=f"{type(exc).__name__}: {exc}"[:2000],
         )
         raise
+
+
+def peer_means(pairs: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Per annotator, from agreement.pair_agreement's rows: shared tasks and each measure's mean over their pairs,
+    weighted by the pair's shared tasks (None where no pair has the measure)."""
+    sums: dict[int, dict[str, list[float]]] = {}
+    for row in pairs:
+        for annotator_id in row["annotators"]:
+            mine = sums.setdefault(annotator_id, {"tasks": [0.0, 0.0]} | {k: [0.0, 0.0] for k in PEER_MEASURES})
+            mine["tasks"][0] += row["tasks"]
+            for field, key in PEER_MEASURES.items():
+                if row[key] is not None:
+                    mine[field][0] += row[key] * row["tasks"]
+                    mine[field][1] += row["tasks"]
+    return {
+        pk: {"peer_tasks": int(m["tasks"][0])}
+        | {field: (m[field][0] / m[field][1] if m[field][1] else None) for field in PEER_MEASURES}
+        for pk, m in sums.items()
+    }
+
+
+def store_peer_agreement(pairs: list[dict[str, Any]]) -> None:
+    """Write peer_means(pairs) onto the annotators' rows (the peers that have no row of their own are skipped)."""
+    for annotator_id, values in peer_means(pairs).items():
+        AnnotatorStats.objects.filter(annotator_id=annotator_id).update(**values)
 
 
 def latest() -> Refresh | None:

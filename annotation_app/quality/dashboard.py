@@ -46,8 +46,10 @@ ANNOTATOR_COLUMNS: Columns = [
     ("review_pass_pct", lambda r: _pct(r.pass_rate)),
     ("gold_scored", lambda r: r.gold_scored),
     ("gold_accuracy_pct", lambda r: _pct(r.gold_accuracy)),
-    ("peer_pairs", lambda r: r.peer_pairs),
-    ("peer_agreement_pct", lambda r: _pct(r.peer_agreement)),
+    ("peer_tasks", lambda r: r.peer_tasks),
+    ("peer_outcome_agreement_pct", lambda r: _pct(r.peer_outcome)),
+    ("peer_first_step_agreement_pct", lambda r: _pct(r.peer_first_step)),
+    ("peer_similarity", lambda r: _round(r.peer_similarity, 3)),
 ]
 THROUGHPUT_COLUMNS: Columns = [
     ("day", lambda r: r.day.isoformat()),

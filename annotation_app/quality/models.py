@@ -49,6 +49,11 @@ class AnnotatorStats(models.Model):
     gold_reward_sum = models.FloatField(default=0, help_text="Sum of their verifier rewards (0..1 each).")
     peer_pairs = models.PositiveIntegerField(default=0, help_text="Pairs with a peer on the same task, both judged.")
     peer_agreed = models.PositiveIntegerField(default=0)
+    # From annotation_app.agreement (pairs of annotators on the same task), each a mean over their peers' shared tasks.
+    peer_tasks = models.PositiveIntegerField(default=0, help_text="Tasks shared with a peer (summed over peers).")
+    peer_outcome = models.FloatField(null=True, blank=True, help_text="Share of shared tasks with the same outcome.")
+    peer_first_step = models.FloatField(null=True, blank=True, help_text="Share whose first actions agree.")
+    peer_similarity = models.FloatField(null=True, blank=True, help_text="Mean action-sequence similarity, 0..1.")
 
     class Meta:
         ordering = ["username"]

@@ -106,6 +106,8 @@ def test_annotator_figures(world):
     # Gold task: a1 right (reward 1), a2 wrong (0): disagree. Plain task: both approved: agree.
     assert (a1.peer_pairs, a1.peer_agreed) == (2, 1)
     assert a1.peer_agreement == pytest.approx(0.5)
+    # The same through annotation_app.agreement (the latest finished trajectory per annotator and task).
+    assert (a1.peer_tasks, a1.peer_outcome, a2.peer_tasks, a2.peer_outcome) == (2, 0.5, 2, 0.5)
     assert a1.trajectories_per_hour == pytest.approx(2 / 3) and a1.steps_per_day == pytest.approx(3.0)
     assert not AnnotatorStats.objects.exclude(annotator__in=[world["a1"], world["a2"]]).exists()
 
@@ -193,3 +195,13 @@ def test_gold_accuracy_matches_the_gold_module(world):
     aggregates.refresh("test")
     mine = {s.annotator_id: s.gold_accuracy for s in AnnotatorStats.objects.filter(gold_scored__gt=0)}
     assert mine == pytest.approx(gold.gold_accuracy())
+
+
+def test_peer_means_weigh_each_pair_by_its_shared_tasks():
+    pairs = [
+        {"annotators": (1, 2), "tasks": 3, "outcome_agreement": 1.0, "first_step_agreement": None, "similarity": 0.5},
+        {"annotators": (1, 3), "tasks": 1, "outcome_agreement": 0.0, "first_step_agreement": 1.0, "similarity": 0.9},
+    ]
+    means = aggregates.peer_means(pairs)
+    assert means[1] == {"peer_tasks": 4, "peer_outcome": 0.75, "peer_first_step": 1.0, "peer_similarity": 0.6}
+    assert means[2] == {"peer_tasks": 3, "peer_outcome": 1.0, "peer_first_step": None, "peer_similarity": 0.5}
