@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Exists, OuterRef, Prefetch, Q
 
 from sandbox.actions import (
     ActionSyntaxError,
@@ -303,7 +303,10 @@ def step_json(step: Step, *, span: dict[str, Any] | None = None, words: list[Any
 
 def steps_queryset(trajectory: Trajectory) -> Any:
     """The trajectory's steps with what the player shows of each, in three queries whatever their number."""
-    return trajectory.steps.order_by("index").prefetch_related("verdicts__reviewer", "edits__editor")
+    return trajectory.steps.order_by("index").prefetch_related(
+        Prefetch("verdicts", StepVerdict.objects.select_related("reviewer").order_by("id")),
+        Prefetch("edits", StepEdit.objects.select_related("editor")),
+    )
 
 
 def one_step(trajectory: Trajectory, index: int) -> Step | None:
