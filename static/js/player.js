@@ -119,6 +119,7 @@ function draw() {
   const step = steps[at];
   const f = drawingFrame();
   overlay.setAttribute("viewBox", `0 0 ${f.w} ${f.h}`);
+  frame.style.setProperty("--player-ratio", String(f.w / f.h));
   overlay.replaceChildren();
   const defs = el("defs", {}, overlay);
   const marker = el("marker", { id: "player-arrowhead", viewBox: "0 0 10 10", refX: 8, refY: 5, markerWidth: 5, markerHeight: 5, orient: "auto-start-reverse" }, defs);
