@@ -7,7 +7,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from . import adjudication, agreement, gold
+from . import adjudication, agreement, gold, task_queue
 from .models import Task, User
 from .permissions import Capability, requires
 
@@ -80,7 +80,7 @@ def task_overlap(request: HttpRequest, pk: int) -> HttpResponse:
 
     task = get_object_or_404(Task, pk=pk)
     try:
-        gold.set_overlap(
+        task_queue.set_overlap(
             task,
             required_annotations=request.POST.get("required_annotations", task.required_annotations),
             is_gold=request.POST.get("is_gold") == "on",

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 from django.db.models import Avg, Count, Q
 
-from .models import ProjectSettings, Task, Trajectory
+from .models import ProjectSettings, Trajectory
 
 DEFAULT_GOLD_RATE: float = ProjectSettings._meta.get_field("gold_rate").get_default()
 MAX_REQUIRED_ANNOTATIONS = 20
@@ -62,19 +62,3 @@ def gold_accuracy(annotator_ids: Iterable[int] | None = None) -> dict[int, float
     )
     ids = annotator_ids if annotator_ids is not None else sorted(means)
     return {pk: (float(means[pk]) if means.get(pk) is not None else None) for pk in ids}
-
-
-def set_overlap(task: Task, *, required_annotations: object, is_gold: bool) -> Task:
-    """A lead sets how many annotators must each do the task (k) and whether it is gold; the status follows."""
-    from .task_queue import settle_task
-
-    try:
-        k = int(str(required_annotations).strip())
-    except ValueError:
-        raise OverlapRefused("The number of annotations (k) must be a whole number.") from None
-    if not 1 <= k <= MAX_REQUIRED_ANNOTATIONS:
-        raise OverlapRefused(f"The number of annotations (k) must be between 1 and {MAX_REQUIRED_ANNOTATIONS}.")
-    if is_gold and not task.evaluator:
-        raise OverlapRefused("A gold task needs an evaluator: its accuracy is the verifier's outcome.")
-    Task.objects.filter(pk=task.pk).update(required_annotations=k, is_gold=is_gold)
-    return settle_task(task)

@@ -217,3 +217,20 @@ def release_stale_assignments(older_than: timedelta | None = None) -> int:
         with transaction.atomic():
             released += _finish(assignment, Assignment.Status.EXPIRED)
     return released
+
+
+def set_overlap(task: Task, *, required_annotations: object, is_gold: bool) -> Task:
+    """A lead sets how many annotators must each do the task (k) and whether it is gold; the status follows.
+    (Here, not in annotation_app.gold, which the queue imports: the two modules would import each other.)"""
+    try:
+        k = int(str(required_annotations).strip())
+    except ValueError:
+        raise gold.OverlapRefused("The number of annotations (k) must be a whole number.") from None
+    if not 1 <= k <= gold.MAX_REQUIRED_ANNOTATIONS:
+        raise gold.OverlapRefused(
+            f"The number of annotations (k) must be between 1 and {gold.MAX_REQUIRED_ANNOTATIONS}."
+        )
+    if is_gold and not task.evaluator:
+        raise gold.OverlapRefused("A gold task needs an evaluator: its accuracy is the verifier's outcome.")
+    Task.objects.filter(pk=task.pk).update(required_annotations=k, is_gold=is_gold)
+    return settle_task(task)
