@@ -4,6 +4,7 @@ routes by prefix (`annotation_app.live.*` to `live`, `annotation_app.asr.*` to `
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from celery import current_app
@@ -14,9 +15,20 @@ START_CAPTURE = "annotation_app.live.start_capture"
 PROCESS_CAPTURE = "annotation_app.asr.process_capture"
 
 
+_registry_lock = threading.Lock()
+
+
+def registered(task_name: str) -> Any:
+    """The Celery task registered as `task_name`. Web processes never run Celery's autodiscovery (workers do at
+    start): the apps' task modules are imported on first use, under a lock, since two threads of a fresh web worker
+    at once (gthread) found the registry half-filled and got NotRegistered (two simulated annotators opening
+    sessions together)."""
+    with _registry_lock:
+        if task_name not in current_app.tasks:
+            current_app.loader.import_default_modules()
+        return current_app.tasks[task_name]
+
+
 def enqueue(task_name: str, *args: Any) -> None:
     """Send the registered task `task_name` with `args` (`delay`, so eager mode and routing apply as usual)."""
-    if task_name not in current_app.tasks:
-        # Web processes never run Celery's autodiscovery (workers do at start): import the apps' task modules once.
-        current_app.loader.import_default_modules()
-    current_app.tasks[task_name].delay(*args)
+    registered(task_name).delay(*args)

@@ -74,6 +74,7 @@ def test_simulated_annotators_finish_suite_tasks_through_the_live_api(live_web, 
     assert wrong.source == Step.Source.HUMAN and wrong.action["actions"][0]["type"] == "click"
     assert wrong.action["actions"][0]["point"] != right.action["actions"][0]["point"]  # another button
     figures = simulated.acceptance([r["trajectory"] for r in results])
+    print("simulated annotation:", results, figures)  # shown with -rP: the figures of this run
     assert figures["accepted"] == sum(r["accepted"] for r in results)
     assert figures["overridden"] == sum(r["overridden"] for r in results)
     assert figures["steps"] == 8 and figures["total"] == figures["accepted"] + figures["overridden"]
