@@ -14,6 +14,7 @@ from django.urls import NoReverseMatch, reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from . import step_edits
+from .curation.flags import curation_for
 from .models import Recording, Step, StepVerdict, Trajectory
 from .permissions import Capability, can, requires
 from .trajectories import Conflict, Invalid
@@ -39,6 +40,7 @@ def player(request: HttpRequest, pk: int) -> HttpResponse:
         "audio_url": recording.audio.url if recording else "",
         "verdicts": StepVerdict.Verdict.choices,
         "verdict_url": verdict_url,
+        "curation": curation_for(trajectory),  # flags, the latest replay and its divergent steps, duplicates
     }
     return render(request, "review/player.html", context)
 

@@ -263,6 +263,16 @@ $("player-speed").addEventListener("change", () => timer && play(true));
 $("player-prev").addEventListener("click", () => go(at - 1));
 $("player-next").addEventListener("click", () => go(at + 1));
 for (const thumb of root.querySelectorAll(".player-thumb")) thumb.addEventListener("click", () => go(Number(thumb.dataset.index)));
+// Curation's divergent steps (templates/curation/_trajectory_flags.html) name steps by their index: show that step.
+for (const link of document.querySelectorAll(".divergent-step")) {
+  link.addEventListener("click", (event) => {
+    const position = steps.findIndex((step) => step.index === Number(link.dataset.step));
+    if (position < 0) return;
+    event.preventDefault();
+    go(position);
+    root.scrollIntoView({ behavior: "smooth", block: "start" });
+  });
+}
 
 document.addEventListener("keydown", (event) => {
   const target = event.target;
