@@ -133,18 +133,15 @@ def submit(trajectory: Trajectory) -> Trajectory:
 def review(
     trajectory: Trajectory, reviewer: User, verdict: str, *, score: int | None = None, comment: str = ""
 ) -> Review:
-    """Record a data lead's verdict; the trajectory becomes approved or rejected (a later review overrides)."""
-    if trajectory.status == Trajectory.Status.IN_PROGRESS:
-        raise Conflict("This trajectory is still in progress; it can be reviewed once submitted.")
-    with transaction.atomic():
-        result = Review.objects.create(
-            trajectory=trajectory, reviewer=reviewer, verdict=verdict, score=score, comment=comment
-        )
-        trajectory.status = (
-            Trajectory.Status.APPROVED if verdict == Review.Verdict.APPROVE else Trajectory.Status.REJECTED
-        )
-        trajectory.save(update_fields=["status", "updated_at"])
-    return result
+    """Record a data lead's verdict; the trajectory becomes approved or rejected (a later review overrides). The same
+    path as the rubric's verdict panel (annotation_app.rubric), so the reviewer's queue assignment is closed too."""
+    from . import rubric  # rubric imports only models; imported here to keep this module's import light
+
+    parsed = rubric.Verdict(verdict=verdict, score=score, comment=comment)
+    try:
+        return rubric.record_verdict(trajectory, reviewer, parsed)
+    except rubric.VerdictConflict as exc:
+        raise Conflict(str(exc)) from None
 
 
 # --- fixing a rejected trajectory (docs/live-annotation.md, "A rejected trajectory") -----------------------------
