@@ -205,7 +205,8 @@ def refresh(trigger: str = "beat") -> Refresh | None:
             cursor.execute(COVERAGE_SQL)
             cursor.execute(BACKLOG_SQL)
             unreviewed, assigned, oldest = cursor.fetchone()
-            store_peer_agreement(agreement.pair_agreement(agreement.all_task_agreements()))
+            # Through the agreement cache: the beat refresh also keeps the agreement page and review queue warm.
+            store_peer_agreement(agreement.pair_agreement(agreement.cached_task_agreements()))
             Refresh.objects.filter(started_at__lt=started - KEEP_HISTORY).delete()
             return Refresh.objects.create(
                 status=Refresh.Status.DONE,
