@@ -51,6 +51,10 @@ def answers(url: str) -> Callable[[], bool]:
     return check
 
 
+# How long a server may take to answer after it starts: a cold Django or torch import took over 60 s on a loaded
+# 2-core machine.
+START_S = 150
+
 Service = tuple[list[str], dict[str, str], Path, Callable[[], bool]]  # command, environment, log, readiness
 
 
@@ -74,13 +78,13 @@ def running_together(*services: Service) -> Iterator[None]:
                         command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
                     )
                 )
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + START_S
         waiting = list(zip(services, procs, strict=True))
         while waiting:
             (command, _, log, ready), proc = waiting[0]
             if ready():
                 waiting.pop(0)
-                deadline = max(deadline, time.monotonic() + 60)  # each service still gets its own minute
+                deadline = max(deadline, time.monotonic() + START_S)  # each service still gets its own allowance
                 continue
             assert proc.poll() is None, f"{command[0]} exited:\n{log.read_text()}"
             assert time.monotonic() < deadline, f"{command[0]} did not come up:\n{log.read_text()}"

@@ -46,14 +46,15 @@ T = {
 }
 SUBMITTED_SQL = "(" + ", ".join(f"'{s}'" for s in SUBMITTED) + ")"
 
-# The human work: trajectories with an annotator, their steps with the seconds each took where it was timed (live
+# The human work (simulated annotators left out: they are programs, not people to compare): trajectories with an
+# annotator, their steps with the seconds each took where it was timed (live
 # steps: from the proposals shown to the action run; think-aloud steps: from the previous action's end to this one's,
 # on the capture's clock).
 WORK_CTE = f"""
 traj AS (
     SELECT t.id, t.annotator_id, t.task_id, t.status, t.submitted_at, t.outcome_reward, k.is_gold
     FROM {T["traj"]} t JOIN {T["task"]} k ON k.id = t.task_id
-    WHERE t.annotator_id IS NOT NULL
+    WHERE t.annotator_id IS NOT NULL AND NOT t.simulated
 ),
 submitted AS (SELECT * FROM traj WHERE status IN {SUBMITTED_SQL}),
 capture_end AS (

@@ -112,6 +112,20 @@ def test_annotator_figures(world):
     assert not AnnotatorStats.objects.exclude(annotator__in=[world["a1"], world["a2"]]).exists()
 
 
+def test_simulated_annotators_are_not_in_the_human_figures(world):
+    """Their work is a program's: it stays out of the per-annotator and throughput tables (acceptance keeps it)."""
+    robot = UserFactory(is_simulated=True)
+    trajectory = TrajectoryFactory(
+        annotator=robot, simulated=True, status=Trajectory.Status.SUBMITTED, submitted_at=at(5, 9)
+    )
+    live_step(trajectory, 0, at(5, 9), 3)
+    aggregates.refresh("test")
+    assert not AnnotatorStats.objects.filter(annotator=robot).exists()
+    assert not Throughput.objects.filter(annotator=robot).exists()
+    total = {(r.day, r.trajectories) for r in Throughput.objects.filter(annotator__isnull=True)}
+    assert (date(2026, 1, 5), 2) in total, "the day's total counts the two people's trajectories only"
+
+
 def test_throughput_per_day(world):
     aggregates.refresh("test")
     total = {(r.day, r.trajectories, r.steps) for r in Throughput.objects.filter(annotator__isnull=True)}
