@@ -290,6 +290,9 @@ LIVE_CANDIDATES = int(env("LIVE_CANDIDATES", "4"))
 LIVE_TEMPERATURE = float(env("LIVE_TEMPERATURE", "1.0"))
 LIVE_MAX_TOKENS = int(env("LIVE_MAX_TOKENS", "256"))
 LIVE_KEEP_IMAGES = int(env("LIVE_KEEP_IMAGES", "5"))
+# Browser sessions: give the model the page's outline of interactive elements with each screenshot (sandbox/outline.py),
+# as the trainer's SandboxEnv does.
+LIVE_OUTLINE = env_bool("LIVE_OUTLINE", True)
 POLICY_API_KEY = env("POLICY_API_KEY", "")
 EMBEDDED_POLICY_URL = env("POLICY_URL", "http://127.0.0.1:8020/v1")
 POLICY_TIMEOUT_S = float(env("POLICY_TIMEOUT_S", "120"))

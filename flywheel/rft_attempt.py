@@ -152,6 +152,10 @@ class RecordingClient:
     def observe(self, session_id: str, **kwargs: Any) -> bytes:
         return self.client.observe(session_id, **kwargs)
 
+    def outline(self, session_id: str) -> list[Any]:
+        """A browser page's interactive elements: SandboxEnv puts them in each observation (sandbox/outline.py)."""
+        return self.client.outline(session_id)
+
     def step(self, session_id: str, action_text: str, **kwargs: Any) -> StepResult:
         result = self.client.step(session_id, action_text, **kwargs)
         self.settle = result.settle or {}

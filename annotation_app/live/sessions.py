@@ -39,6 +39,7 @@ from sandbox.actions import ActionSyntaxError, action_to_dict, format_actions, p
 from sandbox.client import ActionError, SandboxClient, SandboxError, SessionGoneError, StepResult
 from sandbox.client import connection as sandbox_connection
 from sandbox.coordinates import ScreenMapping, map_points, mapping_for
+from sandbox.outline import render as render_outline
 from training.policy.client import PolicyClient, PolicyError, Proposal, proposal_of
 from training.policy.client import connection as policy_connection
 from training.policy.prompts import Turn, build_messages
@@ -283,6 +284,20 @@ def history_of(trajectory: Trajectory, keep_images: int, mapping: ScreenMapping)
     return turns
 
 
+def page_outline(live: LiveSession) -> str | None:
+    """A browser session's outline of interactive elements in the model's frame, as the trainer's SandboxEnv gives
+    it with each browser observation (sandbox/outline.py): a model trained on it is prompted the same way here.
+    None for a desktop session."""
+    if live.kind != "browser" or not settings.LIVE_OUTLINE:
+        return None
+    trajectory = live.trajectory
+    scale = (live.model_width / trajectory.screen_width, live.model_height / trajectory.screen_height)
+    try:
+        return render_outline(sandbox_for(trajectory.pk).outline(live.sandbox_session_id), scale)
+    except (SandboxError, ValueError, httpx.HTTPError):
+        return "Interactive elements: unavailable."
+
+
 def propose(live_id: int, index: int) -> None:
     """Ask the trajectory's model for candidates for step `index` and push them; stale requests do nothing."""
     related = LiveSession.objects.select_related("trajectory__task", "trajectory__model_version")
@@ -299,6 +314,7 @@ def propose(live_id: int, index: int) -> None:
         history_of(trajectory, settings.LIVE_KEEP_IMAGES, frame_of(live)),
         screenshot,
         keep_images=settings.LIVE_KEEP_IMAGES,
+        observation_text=page_outline(live),
     )
     model = trajectory.model_version
     try:
