@@ -144,7 +144,10 @@ def test_sft_needs_data_when_nothing_is_exported(tiny_path):
 
 
 def test_presets_are_valid_trainer_options():
-    for preset in ("tiny-cpu", "default"):
+    from flywheel.training_stages import PRESETS
+
+    assert {"tiny-cpu", "default", "suite-cpu"} <= set(PRESETS)
+    for preset in PRESETS:
         checked = check_train_config({"preset": preset, "sft": {"lr": 1e-5}, "ppo": {"lora_r": 4}})
         assert checked["sft"]["lr"] == 1e-5 and checked["ppo"]["lora_r"] == 4
         for stage in ("ct", "sft", "value", "ppo"):
