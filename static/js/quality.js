@@ -28,7 +28,11 @@
       ],
       axes: [{}, { scale: "t", label: "trajectories" }, { scale: "s", side: 1, label: "steps", grid: { show: false } }],
     };
-    return new uPlot(opts, [data.x, data.trajectories, data.steps], el);
+    const chart = new uPlot(opts, [data.x, data.trajectories, data.steps], el);
+    // At least a week wide and a day past the last point: with one day of data uPlot's own range ran years ahead.
+    const first = data.x[0], last = data.x[data.x.length - 1];
+    chart.setScale("x", { min: Math.min(first, last - 7 * 86400) - 43200, max: last + 86400 });
+    return chart;
   }
 
   function acceptance(el, data) {
