@@ -31,11 +31,12 @@ def some_work() -> None:
 
 def test_the_dashboard_shows_the_latest_figures(lead_client):
     page = lead_client.get(reverse("quality"))
-    assert page.status_code == 200 and "Not computed yet." in page.text
+    assert page.status_code == 200 and "Not computed yet" in page.text
+    assert 'hx-trigger="load, submit"' in page.text, "a page never computed asks for its first refresh"
     some_work()
     done = aggregates.refresh("test")
     page = lead_client.get(reverse("quality"))
-    assert page.status_code == 200
+    assert page.status_code == 200 and "hx-trigger" not in page.text
     assert "As of" in page.text and "ann-z" in page.text and "policy-z" in page.text
     assert 'id="quality-plots"' in page.text and "uPlot.iife.min.js" in page.text
     assert f"computed in {done.duration_ms} ms" in page.text
