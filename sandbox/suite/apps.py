@@ -141,6 +141,11 @@ class EditorSave(DesktopFamily):
         title = state["active"]
         if "save" in title.lower():  # the Save As dialog: its name field has the focus, its folder is the home
             return _save_as(spec["name"])
+        document = title.lstrip("*").split(" - ")[0]  # "~/notes.txt", or "Untitled 1" before the first save
+        if not document.startswith("Untitled") and not document.endswith("/" + spec["name"]):
+            # Saved under another name (a wrong name, or one whose typing the dialog cut short): Save As, since
+            # Save would keep writing that other file.
+            return hotkey("ctrl", "shift", "s")
         if title.startswith("*"):  # edited, not saved yet
             return hotkey("ctrl", "s")
         return type_text(spec["text"])

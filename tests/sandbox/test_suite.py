@@ -66,6 +66,19 @@ def test_oracle_action_refuses_a_task_of_another_family():
         oracle_action("slider", task, {})
 
 
+def test_the_editor_oracle_saves_as_when_the_file_went_under_another_name():
+    """Under load the Save dialog once took only part of the typed name ("summ"): Save (ctrl+s) then kept writing
+    ~/summ, and the oracle never reached the goal. A document saved under any other name gets Save As."""
+    task = make_task("editor-save", 1, "train", 1)
+    name = spec_of(task)[1]["name"]
+    home = {"files": {name: None}}
+    assert oracle_action("editor-save", task, {**home, "active": "*~/summ - Mousepad"}) == "hotkey(key='ctrl shift s')"
+    assert oracle_action("editor-save", task, {**home, "active": "~/summ - Mousepad"}) == "hotkey(key='ctrl shift s')"
+    assert oracle_action("editor-save", task, {**home, "active": "*Untitled 1 - Mousepad"}) == "hotkey(key='ctrl s')"
+    assert oracle_action("editor-save", task, {**home, "active": f"*~/{name} - Mousepad"}) == "hotkey(key='ctrl s')"
+    assert oracle_action("editor-save", task, {**home, "active": "Untitled 1 - Mousepad"}).startswith("type(")
+
+
 def test_every_task_passes_the_importers_checks():
     tasks = suite_tasks(train=2, heldout=1)
     assert len({t["id"] for t in tasks}) == len(tasks)
