@@ -38,6 +38,7 @@ QUEUE_OF = {
     "sandbox.flywheel_stage": "sandbox",
     "sandbox.curation_verify": "sandbox",
     "annotation_app.curation.dedup": "default",
+    "annotation_app.quality.refresh": "default",
     "annotation_app.webhooks.deliver": "default",
     "annotation_app.webhooks.resend_overdue": "default",
 }

@@ -12,6 +12,7 @@ from django.core.files.storage import default_storage
 
 from annotation_app.management.commands.seed_demo import DEMO_TASKS
 from annotation_app.models import Step, Task, Trajectory
+from flywheel import rft
 from flywheel.iterations import Cancelled, gather
 from flywheel.models import Iteration, ModelVersion
 from flywheel.rft import RFTError, check_rft_config, rollouts_of, run_rft, select_tasks
@@ -183,12 +184,16 @@ def test_rft_stores_scored_rollouts_with_steps_and_a_rerun_skips_them(
 @needs_desktop
 @pytest.mark.parametrize("stop", [Cancelled, KeyboardInterrupt], ids=["cancel", "ctrl-c"])
 def test_a_cancel_mid_run_releases_every_session_and_the_rerun_finishes(
-    transactional_db, media, live_settings, embedded_model, stop
+    transactional_db, media, live_settings, embedded_model, stop, monkeypatch
 ):
     tasks = [demo_task("demo2-date"), demo_task("demo2-notes")]
     iteration = iteration_for(embedded_model, tasks=[t.pk for t in tasks], attempts=1, max_steps=4)
-    started = Progress(cancel_when=lambda: Step.objects.filter(trajectory__mode=Trajectory.Mode.ROLLOUT).exists(),
-                       stop=stop)  # fmt: skip
+    # Cancel as soon as an attempt has begun (its row exists: it is leasing or setting up its desktop), looked at
+    # every 50 ms. Waiting for its first step was a race: a tiny model that says finished() at once let both attempts
+    # end before the cancel was looked at, and nothing was left to stop.
+    monkeypatch.setattr(rft, "PROGRESS_EVERY_S", 0.05)
+    begun = Trajectory.objects.filter(mode=Trajectory.Mode.ROLLOUT, status=Trajectory.Status.IN_PROGRESS)
+    started = Progress(cancel_when=begun.exists, stop=stop)
     with pytest.raises(stop):
         run_rft(iteration, started)
     assert live_leases(live_settings) == 0
