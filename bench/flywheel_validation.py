@@ -32,6 +32,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench_db import create_database, drop_database, log
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCH_DB = "annotation_flywheel_bench"
 ACTIONS = [
@@ -44,10 +46,6 @@ ACTIONS = [
 ]
 
 
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
-
-
 def project_env() -> dict[str, str]:
     """scripts/env.sh's environment pointed at the bench database."""
     out = subprocess.run(
@@ -56,36 +54,6 @@ def project_env() -> dict[str, str]:
     env = dict(item.split("=", 1) for item in out.decode().split("\0") if "=" in item)
     env.update(DATABASE_NAME=BENCH_DB, DJANGO_SETTINGS_MODULE="annotation_app.settings", DJANGO_DEBUG="0")
     return env
-
-
-def admin_connection(env: dict[str, str]) -> Any:
-    import psycopg
-
-    return psycopg.connect(
-        host=env.get("PGHOST", "127.0.0.1"),
-        port=env["PGPORT"],
-        user=env["DATABASE_USER"],
-        password=env["DATABASE_PASSWORD"],
-        dbname="postgres",
-        autocommit=True,
-    )
-
-
-def create_database(env: dict[str, str]) -> None:
-    with admin_connection(env) as conn:
-        conn.execute(f'drop database if exists "{BENCH_DB}" with (force)')
-        conn.execute(f'create database "{BENCH_DB}"')
-    log(f"manage.py migrate ({BENCH_DB})")
-    subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
-
-
-def drop_database(env: dict[str, str]) -> None:
-    from django.db import connections
-
-    connections.close_all()
-    with admin_connection(env) as conn:
-        conn.execute(f'drop database if exists "{BENCH_DB}" with (force)')
-    log(f"dropped {BENCH_DB}")
 
 
 def _row(model: Any, values: dict[str, Any], now: datetime) -> list[Any]:
@@ -341,7 +309,7 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the bench database")
     args = parser.parse_args()
     env = project_env()
-    create_database(env)
+    create_database(env, BENCH_DB)
     os.environ.update(env)
     sys.path.insert(0, str(ROOT))
     import django
@@ -365,7 +333,7 @@ def main() -> None:
         base_n, base_seconds, base_cpu, base_queries = run_baseline("main", args.baseline)
     finally:
         if not args.keep:
-            drop_database(env)
+            drop_database(env, BENCH_DB)
     rate, base_rate = n / seconds, base_n / base_seconds
     few_chunks = -(-few_n // few_chunk)
     print()

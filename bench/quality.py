@@ -33,6 +33,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from bench_db import admin_connection, create_database, drop_database, log
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCH_DB = "annotation_quality_bench"
 DOMAINS = ["chrome", "libreoffice_calc", "libreoffice_writer", "gimp", "vlc", "thunderbird", "vscode", "os",
@@ -45,10 +47,6 @@ ACTIONS = [
 ]
 
 
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
-
-
 def project_env() -> dict[str, str]:
     """scripts/env.sh's environment pointed at the bench database."""
     out = subprocess.run(
@@ -58,36 +56,6 @@ def project_env() -> dict[str, str]:
     keep = {k: os.environ[k] for k in ("REDIS_DB_CELERY", "REDIS_DB_CHANNELS", "REDIS_DB_CACHE") if k in os.environ}
     env.update(keep, DATABASE_NAME=BENCH_DB, DJANGO_SETTINGS_MODULE="annotation_app.settings_test", DJANGO_DEBUG="0")
     return env
-
-
-def admin_connection(env: dict[str, str]) -> Any:
-    import psycopg
-
-    return psycopg.connect(
-        host=env.get("PGHOST", "127.0.0.1"),
-        port=env["PGPORT"],
-        user=env["DATABASE_USER"],
-        password=env["DATABASE_PASSWORD"],
-        dbname="postgres",
-        autocommit=True,
-    )
-
-
-def create_database(env: dict[str, str]) -> None:
-    with admin_connection(env) as conn:
-        conn.execute(f'drop database if exists "{BENCH_DB}" with (force)')
-        conn.execute(f'create database "{BENCH_DB}"')
-    log(f"manage.py migrate ({BENCH_DB})")
-    subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
-
-
-def drop_database(env: dict[str, str]) -> None:
-    from django.db import connections
-
-    connections.close_all()
-    with admin_connection(env) as conn:
-        conn.execute(f'drop database if exists "{BENCH_DB}" with (force)')
-    log(f"dropped {BENCH_DB}")
 
 
 def copy_rows(model: Any, rows: Iterator[dict[str, Any]]) -> int:
@@ -318,7 +286,7 @@ def main() -> None:
     with admin_connection(env) as conn:
         exists = conn.execute("select 1 from pg_database where datname = %s", [BENCH_DB]).fetchone()
     if not (args.keep and exists):
-        create_database(env)
+        create_database(env, BENCH_DB)
     import django
 
     django.setup()
@@ -392,7 +360,7 @@ def main() -> None:
         print(f"\nin-process page: {cpu_ms:.0f} ms of this process's CPU per request (unaffected by waiting for a CPU)")
     finally:
         if not args.keep:
-            drop_database(env)
+            drop_database(env, BENCH_DB)
 
 
 if __name__ == "__main__":
