@@ -9,6 +9,7 @@ from django.urls import reverse
 
 from annotation_app.models import Task, Trajectory
 
+from ..access import assert_answer, client_as, reach
 from ..conftest import ROLES, api_client_for
 from ..factories import StepFactory, TaskFactory, TrajectoryFactory
 
@@ -38,22 +39,9 @@ def task(db) -> Task:
     ("name", "method", "kind", "allowed"), AGREEMENT_MATRIX, ids=[f"{m} {n}" for n, m, *_ in AGREEMENT_MATRIX]
 )
 def test_authorization(role, name, method, kind, allowed, task, make_user):
-    client = api_client_for(None)
-    if role != "anonymous":
-        user = make_user(role)
-        client = api_client_for(user)
-        client.force_login(user)
     url = reverse(name) if name == "lead-agreement" else reverse(name, args=[task.pk])
-    response = getattr(client, method)(url, data={} if method != "get" else None)
-    code = response.status_code
-    assert code != 500
-    if role in allowed:
-        assert code not in (401, 403), f"{role} should reach {method} {url}, got {code}"
-        assert not (code == 302 and "/accounts/login/" in response.get("Location", ""))
-    elif role == "anonymous":
-        assert code == 302 and response["Location"].startswith(reverse("login")), code
-    else:
-        assert code in (403, 404), f"{role} must not {method} {url}, got {code}"
+    response = reach(client_as(role, make_user), method, url, kind)
+    assert_answer(response, role, allowed, kind, method, url)
 
 
 def test_annotators_never_see_gold_flags(make_user):

@@ -13,6 +13,7 @@ from django.urls import reverse
 from flywheel.forms import IterationForm
 from flywheel.models import DatasetVersion, Iteration, ModelVersion, Stage
 
+from ..access import assert_answer, client_as, reach
 from ..conftest import ROLES, api_client_for
 
 A, L, M, S = "annotator", "data_lead", "ml_engineer", "superuser"
@@ -100,27 +101,9 @@ def _url(name: str, objects) -> str:
     ("name", "method", "kind", "allowed"), FLYWHEEL_MATRIX, ids=[f"{m} {n}" for n, m, *_ in FLYWHEEL_MATRIX]
 )
 def test_authorization(role, name, method, kind, allowed, objects, make_user):
-    client = api_client_for(None)
-    if role != "anonymous":
-        user = make_user(role)
-        client = api_client_for(user)
-        client.force_login(user)
     url = _url(name, objects)
-    response = getattr(client, method)(
-        url, data={} if method != "get" else None, format="json" if kind == "api" else None
-    )
-    code = response.status_code
-    assert code != 500
-    if role in allowed:
-        assert code not in (401, 403), f"{role} should reach {method} {url}, got {code}"
-        assert not (code == 302 and "/accounts/login/" in response.get("Location", ""))
-    elif role == "anonymous":
-        if kind == "page":
-            assert code == 302 and response["Location"].startswith(reverse("login")), code
-        else:
-            assert code == 401, code
-    else:
-        assert code in (403, 404), f"{role} must not {method} {url}, got {code}"
+    response = reach(client_as(role, make_user), method, url, kind)
+    assert_answer(response, role, allowed, kind, method, url)
     if role in allowed and name == "flywheel-dataset-file":
         assert b"".join(response.streaming_content) == b'{"messages": []}\n'
 

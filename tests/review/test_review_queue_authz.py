@@ -8,6 +8,7 @@ from django.urls import reverse
 
 from annotation_app.models import Trajectory
 
+from ..access import assert_answer, client_as, reach
 from ..conftest import ROLES, api_client_for
 from ..factories import TaskFactory, TrajectoryFactory
 
@@ -47,27 +48,9 @@ def _url(name: str, trajectory: Trajectory) -> str:
     ("name", "method", "kind", "allowed"), REVIEW_MATRIX, ids=[f"{m} {n}" for n, m, *_ in REVIEW_MATRIX]
 )
 def test_authorization(role, name, method, kind, allowed, trajectory, make_user):
-    client = api_client_for(None)
-    if role != "anonymous":
-        user = make_user(role)
-        client = api_client_for(user)
-        client.force_login(user)
     url = _url(name, trajectory)
-    response = getattr(client, method)(
-        url, data={} if method != "get" else None, format="json" if kind == "api" else None
-    )
-    code = response.status_code
-    assert code != 500
-    if role in allowed:
-        assert code not in (401, 403), f"{role} should reach {method} {url}, got {code}"
-        assert not (code == 302 and "/accounts/login/" in response.get("Location", ""))
-    elif role == "anonymous":
-        if kind == "page":
-            assert code == 302 and response["Location"].startswith(reverse("login")), code
-        else:
-            assert code == 401, code
-    else:
-        assert code in (403, 404), f"{role} must not {method} {url}, got {code}"
+    response = reach(client_as(role, make_user), method, url, kind)
+    assert_answer(response, role, allowed, kind, method, url)
 
 
 @pytest.mark.django_db
