@@ -251,6 +251,12 @@ class Step(models.Model):
         help_text="How long the screenshot waited for the screen to settle after the previous action or the setup "
         "(sandbox.settle): {waited_ms, timed_out, redraws}; empty where not measured.",
     )
+    outline = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="A browser page's interactive elements when the screenshot was taken (sandbox/outline.py: role, "
+        "text, value, state, box in screen pixels), which the model read beside it; null where there was none.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -344,6 +350,12 @@ class LiveSession(models.Model):
     )
     proposal_error = models.TextField(blank=True)
     proposal_latency_ms = models.PositiveIntegerField(null=True, blank=True)
+    observation_outline = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="The current observation's page outline (sandbox/outline.py, screen pixels), as the proposals were "
+        "asked with it; the step taken on this observation stores it.",
+    )
     proposals_ready_at = models.DateTimeField(null=True, blank=True)
     observation_settle = models.JSONField(
         default=dict, blank=True, help_text="The current observation's wait for the screen to settle (sandbox.settle)."

@@ -44,6 +44,8 @@ from django.utils import timezone
 from annotation_app.models import Capture, Step, Trajectory
 from sandbox.actions import ParsedStep, format_step, parse_actions
 from sandbox.coordinates import CoordinateMode, ScreenMapping, map_points
+from sandbox.outline import parse as parse_outline
+from sandbox.outline import render as render_outline
 from training.data import Episode
 from training.policy.prompts import COMPUTER_USE
 
@@ -76,6 +78,19 @@ def step_message(thought: str, action_text: str, mapping: ScreenMapping) -> str:
     """A stored step (screen pixels) as the model's answer in its own frame: `Thought: … Action: …`."""
     actions = map_points(parse_actions(action_text), mapping.to_model)
     return format_step(ParsedStep(thought=thought, actions=actions))
+
+
+def observation(image: str, outline: list[dict[str, Any]] | None, mapping: ScreenMapping) -> list[dict[str, Any]]:
+    """A step's observation as the model read it: the screenshot, then the page's outline (browser steps) in the
+    model's frame, exactly as SandboxEnv and the live proposals write it (sandbox/outline.py)."""
+    content: list[dict[str, Any]] = [{"type": "image", "image": image}]
+    if outline is not None:
+        try:
+            text = render_outline(parse_outline({"elements": outline}), mapping.scale)
+        except ValueError:
+            text = "Interactive elements: unavailable."
+        content.append({"type": "text", "text": text})
+    return content
 
 
 def model_image(data: bytes, name: str, mapping: ScreenMapping) -> tuple[bytes, str]:
@@ -175,7 +190,7 @@ def episodes_for(
         Step.objects.filter(trajectory_id__in=ids)
         .exclude(status=Step.Status.CUT)  # a reviewer cut them (annotation_app.step_edits): kept, never exported
         .order_by("trajectory_id", "index")
-        .values_list("trajectory_id", "index", "thought", "action_text", "screenshot")
+        .values_list("trajectory_id", "index", "thought", "action_text", "screenshot", "outline")
     ):
         steps.setdefault(row[0], []).append(row)
     mode = CoordinateMode(coordinates)
@@ -185,9 +200,9 @@ def episodes_for(
         messages: list[dict[str, Any]] = [
             {"role": "user", "content": COMPUTER_USE.format(language="English", instruction=instruction)}
         ]
-        for _, index, thought, action_text, screenshot in steps.get(pk, []):
+        for _, index, thought, action_text, screenshot, outline in steps.get(pk, []):
             path = images(pk, index, screenshot, mapping)
-            messages.append({"role": "user", "content": [{"type": "image", "image": path}]})
+            messages.append({"role": "user", "content": observation(path, outline, mapping)})
             messages.append({"role": "assistant", "content": step_message(thought, action_text, mapping)})
         model_w, model_h = mapping.model_size
         episode = Episode(

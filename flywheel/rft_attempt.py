@@ -33,6 +33,7 @@ from sandbox.action_regex import proposal_regex
 from sandbox.actions import TERMINAL_ACTIONS, Action, ActionSyntaxError, action_to_dict, format_actions, parse_step
 from sandbox.client import NoCapacityError, SandboxClient, SandboxError, SessionGoneError, StepResult
 from sandbox.coordinates import ScreenMapping, map_points, mapping_for
+from sandbox.outline import to_json as outline_json
 from training.envs import Feedback, SandboxEnv
 from training.rollout import RemotePolicy, Reply, SamplingParams, run_episode
 
@@ -123,6 +124,7 @@ class RecordingClient:
         self.info: dict[str, Any] = {}
         self.settle: dict[str, Any] = {}
         self.evaluated = False
+        self.last_outline: list[Any] | None = None
 
     @property
     def mapping(self) -> ScreenMapping:
@@ -153,8 +155,12 @@ class RecordingClient:
         return self.client.observe(session_id, **kwargs)
 
     def outline(self, session_id: str) -> list[Any]:
-        """A browser page's interactive elements: SandboxEnv puts them in each observation (sandbox/outline.py)."""
-        return self.client.outline(session_id)
+        """A browser page's interactive elements: SandboxEnv puts them in each observation (sandbox/outline.py);
+        the last ones read are kept for the step taken on that observation."""
+        self.last_outline = None
+        elements = self.client.outline(session_id)
+        self.last_outline = outline_json(elements)
+        return elements
 
     def step(self, session_id: str, action_text: str, **kwargs: Any) -> StepResult:
         result = self.client.step(session_id, action_text, **kwargs)
@@ -200,7 +206,9 @@ class StepRecorder:
     latency_ms: int | None = None
     problems: list[str] = field(default_factory=list)
 
-    def record(self, reply: str, feedback: Feedback, before: bytes, settle: dict[str, Any]) -> None:
+    def record(
+        self, reply: str, feedback: Feedback, before: bytes, settle: dict[str, Any], outline: list[Any] | None = None
+    ) -> None:
         info = feedback.info
         if info.get("truncated") and "session_lost" not in info:  # out of steps: SandboxEnv did not run this reply
             self.truncated = True
@@ -228,6 +236,7 @@ class StepRecorder:
             action={"actions": actions}, source=Step.Source.MODEL, status=status, error=error,
             model_version_id=self.model_id, screenshot_sha256=hashlib.sha256(before).hexdigest(),
             started_at=self.turn_started, finished_at=now, model_latency_ms=self.latency_ms, settle=settle,
+            outline=outline,
         )  # fmt: skip
         step.screenshot.save("step.jpg", ContentFile(before), save=False)
         step.save()
@@ -248,20 +257,24 @@ class RolloutEnv(SandboxEnv):
         self.recorder = recorder
         self.screen_jpeg = b""
         self.screen_settle: dict[str, Any] = {}
+        self.screen_outline: list[Any] | None = None  # the page's elements read with the screenshot (browser)
         self.lost = ""  # why the session was lost mid-attempt, if it was
 
     def _observation(self, jpeg: bytes) -> dict[str, Any]:
         self.screen_jpeg, self.screen_settle = jpeg, dict(self.client.settle)
-        return super()._observation(jpeg)
+        self.client.last_outline = None
+        message = super()._observation(jpeg)
+        self.screen_outline = self.client.last_outline
+        return message
 
     def step(self, reply: str) -> Feedback:
-        before, settle = self.screen_jpeg, self.screen_settle
+        before, settle, outline = self.screen_jpeg, self.screen_settle, self.screen_outline
         try:
             feedback = super().step(reply)
         except SessionGoneError as exc:  # the desktop died (an action may have ended it): the attempt ends here
             self.lost = exc.detail
             feedback = Feedback(None, 0.0, True, {"steps": self._steps, "session_lost": exc.detail})
-        self.recorder.record(reply, feedback, before, settle)
+        self.recorder.record(reply, feedback, before, settle, outline)
         return feedback
 
 
@@ -288,7 +301,7 @@ class _Constrained:
 def task_spec(task: Task) -> dict[str, Any]:
     """The task as SandboxEnv reads it (OSWorld's shape)."""
     return {"id": f"task{task.pk}", "instruction": task.instruction, "config": task.setup_config,
-            "evaluator": task.evaluator}  # fmt: skip
+            "evaluator": task.evaluator, "platform": task.platform}  # fmt: skip
 
 
 def run_attempt(spec: AttemptSpec, run: RolloutSettings, gate: CapacityGate, stop: threading.Event) -> AttemptResult:

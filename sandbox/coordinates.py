@@ -64,6 +64,12 @@ class ScreenMapping:
         height, width = smart_resize(self.screen_height, self.screen_width)
         return width, height
 
+    @property
+    def scale(self) -> tuple[float, float]:
+        """Screen pixels → model coordinates, per axis (what sandbox.outline.render takes)."""
+        model_w, model_h = self.model_size
+        return model_w / self.screen_width, model_h / self.screen_height
+
     def to_screen(self, x: float, y: float) -> tuple[int, int]:
         """A model coordinate as a screen pixel, clamped to the screen."""
         model_w, model_h = self.model_size

@@ -7,7 +7,7 @@ frame its actions use, so a model can act on an element by reading its line."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 MAX_ELEMENTS = 60  # lines per outline: enough for the largest visible screen, short enough for a small model
@@ -110,6 +110,11 @@ def parse(value: Any) -> list[Element]:
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"a malformed outline element: {item!r:.200}") from exc
     return out
+
+
+def to_json(elements: list[Element]) -> list[dict[str, Any]]:
+    """Elements as stored beside a step (screen pixels); `parse({"elements": rows})` reads them back."""
+    return [asdict(e) for e in elements]
 
 
 def _short(text: str) -> str:

@@ -40,6 +40,7 @@ from sandbox.client import ActionError, SandboxClient, SandboxError, SessionGone
 from sandbox.client import connection as sandbox_connection
 from sandbox.coordinates import ScreenMapping, map_points, mapping_for
 from sandbox.outline import render as render_outline
+from sandbox.outline import to_json as outline_json
 from training.policy.client import PolicyClient, PolicyError, Proposal, proposal_of
 from training.policy.client import connection as policy_connection
 from training.policy.prompts import Turn, build_messages
@@ -108,6 +109,19 @@ def request_proposals_soon(live: LiveSession) -> None:
             queues.enqueue(queues.PROPOSE_LIVE, live.pk, index)
         except Exception:
             log.exception("live session %s: the proposals of step %s could not be requested", live.pk, index)
+
+    _after_step.submit(send)
+
+
+def push_soon(trajectory_id: int, event: str, **payload: Any) -> None:
+    """`push` on the after-step thread, so the step's answer (which carries the same state) does not wait for the
+    channel layer; it is sent before the proposals request queued after it, in order."""
+
+    def send() -> None:
+        try:
+            push(trajectory_id, event, **payload)
+        except Exception:
+            log.exception("live page %s: the %s event could not be pushed", trajectory_id, event)
 
     _after_step.submit(send)
 
@@ -284,18 +298,19 @@ def history_of(trajectory: Trajectory, keep_images: int, mapping: ScreenMapping)
     return turns
 
 
-def page_outline(live: LiveSession) -> str | None:
-    """A browser session's outline of interactive elements in the model's frame, as the trainer's SandboxEnv gives
-    it with each browser observation (sandbox/outline.py): a model trained on it is prompted the same way here.
-    None for a desktop session."""
+def page_outline(live: LiveSession) -> tuple[str | None, list[dict[str, Any]] | None]:
+    """A browser session's outline of interactive elements: the prompt text in the model's frame, as the trainer's
+    SandboxEnv gives it with each browser observation (sandbox/outline.py), so a model trained on it is prompted the
+    same way here; and the elements in screen pixels, stored with the step. (None, None) for a desktop session."""
     if live.kind != "browser" or not settings.LIVE_OUTLINE:
-        return None
+        return None, None
     trajectory = live.trajectory
     scale = (live.model_width / trajectory.screen_width, live.model_height / trajectory.screen_height)
     try:
-        return render_outline(sandbox_for(trajectory.pk).outline(live.sandbox_session_id), scale)
+        elements = sandbox_for(trajectory.pk).outline(live.sandbox_session_id)
     except (SandboxError, ValueError, httpx.HTTPError):
-        return "Interactive elements: unavailable."
+        return "Interactive elements: unavailable.", None
+    return render_outline(elements, scale), outline_json(elements)
 
 
 def propose(live_id: int, index: int) -> None:
@@ -309,12 +324,13 @@ def propose(live_id: int, index: int) -> None:
         _renew_quietly(live)
     with live.observation.open("rb") as f:
         screenshot = f.read()
+    observation_text, outline = page_outline(live)
     messages = build_messages(
         trajectory.task.instruction,
         history_of(trajectory, settings.LIVE_KEEP_IMAGES, frame_of(live)),
         screenshot,
         keep_images=settings.LIVE_KEEP_IMAGES,
-        observation_text=page_outline(live),
+        observation_text=observation_text,
     )
     model = trajectory.model_version
     try:
@@ -334,7 +350,8 @@ def propose(live_id: int, index: int) -> None:
             client.close()
     except PolicyError as exc:
         updated = LiveSession.objects.filter(pk=live.pk, next_index=index).update(
-            proposals=LiveSession.Proposals.FAILED, proposal_error=str(exc), candidates=[], updated_at=timezone.now()
+            proposals=LiveSession.Proposals.FAILED, proposal_error=str(exc), candidates=[], updated_at=timezone.now(),
+            observation_outline=outline,
         )
         if updated:
             push(trajectory.pk, "proposals", index=index, candidates=[], error=str(exc))
@@ -348,6 +365,7 @@ def propose(live_id: int, index: int) -> None:
         proposal_latency_ms=round(batch.latency_ms),
         proposals_ready_at=ready_at,
         updated_at=ready_at,
+        observation_outline=outline,
     )
     if updated:
         push(trajectory.pk, "proposals", index=index, candidates=candidates, error="", sent_at=ready_at.timestamp())
@@ -402,7 +420,12 @@ def timed(timings: dict[str, float] | None, name: str) -> Iterator[None]:
             timings[name] = timings.get(name, 0.0) + (time.perf_counter() - started) * 1000
 
 
-def take_step(
+def take_step(live: LiveSession, **decision: Any) -> Step:
+    """The stored step of `run_step` (for callers that do not need the session as it is after the step)."""
+    return run_step(live, **decision)[0]
+
+
+def run_step(
     live: LiveSession,
     *,
     expected_index: int,
@@ -410,7 +433,7 @@ def take_step(
     thought: str = "",
     action_text: str = "",
     timings: dict[str, float] | None = None,
-) -> Step:
+) -> tuple[Step, LiveSession]:
     """Run the accepted candidate (or the annotator's override) in the sandbox and store the step.
 
     Nothing runs unless the action is valid; a double submit of the same step gets a Conflict. The step is stored
@@ -418,7 +441,7 @@ def take_step(
     fall behind the desktop. An action whose result cannot be recorded leaves its step 'failed' (the desktop may have
     run it) and ends the session, so the trajectory says where its record stops. `timings` (when given) gets the
     wall time of each part in ms: reserve, sandbox (of which the service's own time and its settle wait), complete,
-    push, enqueue."""
+    push, enqueue. Returns the step and the session as the step left it (with the observation to show next)."""
     with timed(timings, "reserve"):
         step, session_id = _reserve_step(live, expected_index, candidate, thought, action_text)
     client = sandbox_for(live.trajectory_id)
@@ -452,13 +475,13 @@ def take_step(
         raise Conflict(f"The action ran but its result could not be recorded; {FAILED_TAIL}") from exc
     ending = next((ENDING_ACTIONS[a["type"]] for a in step.action["actions"] if a["type"] in ENDING_ACTIONS), None)
     if ending:
-        end_live(live, ending)
+        live = end_live(live, ending)
     elif live.status == LiveSession.Status.ACTIVE:
-        with timed(timings, "push"):
-            push(live.trajectory_id, "step", step=step_json(step), state=state_of(live))
+        with timed(timings, "push"):  # after the answer, which carries the same state
+            push_soon(live.trajectory_id, "step", step=step_json(step), state=state_of(live))
         with timed(timings, "enqueue"):
             request_proposals_soon(live)  # the worker also renews the lease, off the annotator's path
-    return step
+    return step, live
 
 
 def _reserve_step(
@@ -517,6 +540,7 @@ def _store_executing(live: LiveSession, candidate: int | None, thought: str, act
         started_at=live.proposals_ready_at,
         model_latency_ms=live.proposal_latency_ms,
         settle=live.observation_settle,
+        outline=live.observation_outline,
     )
     step.screenshot.save("step.jpg", ContentFile(before), save=False)
     step.save()
@@ -548,6 +572,7 @@ def _complete_step(live: LiveSession, step: Step, result: StepResult) -> LiveSes
         if result.observation_jpeg:
             live.observation.save(f"obs-{live.next_index:05d}.jpg", ContentFile(result.observation_jpeg), save=False)
             live.observation_settle = result.settle or {}
+            live.observation_outline = None  # the next proposals read the new page's
         live.candidates, live.proposal_error, live.proposals_ready_at = [], "", None
         live.proposals = LiveSession.Proposals.PENDING
         live.lease_expires_at = now + timedelta(seconds=settings.LIVE_LEASE_TTL_S)

@@ -111,6 +111,23 @@ def test_coordinates_are_converted_to_the_model_frame(media, coordinates, expect
     assert episode.meta["trajectory_id"] == trajectory.pk and episode.meta["coordinates"] == coordinates
 
 
+@pytest.mark.parametrize(("coordinates", "centre"), [("absolute", "(966,546)"), ("relative1000", "(500,500)")])
+def test_a_browser_step_is_exported_with_the_page_outline_it_was_taken_on(media, coordinates, centre):
+    """The model read the page's outline beside the screenshot: the episode shows it the same text, its centres in
+    the store's frame (sandbox/outline.py); a step without one stays a bare screenshot."""
+    button = {"role": "button", "text": "Play", "value": None, "checked": None, "focused": False,
+              "x": 900.0, "y": 520.0, "w": 120.0, "h": 40.0}  # fmt: skip
+    trajectory = _one((1920, 1080), "click(start_box='(960,540)')")
+    Step.objects.filter(trajectory=trajectory).update(outline=[button])
+    _one((1920, 1080), "click(start_box='(10,10)')")  # a desktop step: no outline
+    _run(config={"export": {"coordinates": coordinates}, "v": {"threshold": 0.5}})
+    browser, desktop = sorted(read_episodes(_store("sft")), key=lambda e: e.meta["trajectory_id"])
+    image, text = browser.messages[1]["content"]
+    assert image["type"] == "image" and text["type"] == "text"
+    assert text["text"] == f'Interactive elements (role, label, state, centre):\nbutton "Play" {centre}'
+    assert [part["type"] for part in desktop.messages[1]["content"]] == ["image"]
+
+
 def test_a_new_version_references_its_parent_without_copying_it(media):
     _one((1280, 800), "click(start_box='(1,2)')")
     first = _run()
