@@ -52,14 +52,14 @@ def int_range(lo: int, hi: int) -> str:
     return "(?:" + "|".join(parts) + ")"
 
 
-def _value(arg: Arg, box: str, text_chars: int) -> str:
+def _value(arg: Arg, box: str, text_chars: int, text: str = _TEXT) -> str:
     """The pattern of one parameter's quoted value, as `format_action` writes it (box notation)."""
     key = "(?:" + "|".join(HOTKEY_KEYS) + ")"
     match arg.kind:
         case "point":
             return box
         case "text":
-            return f"'{_TEXT}{{{1 if arg.required else 0},{text_chars}}}'"
+            return f"'{text}{{{1 if arg.required else 0},{text_chars}}}'"
         case "keys":
             return f"'{key}(?: {key}){{0,{MAX_HOTKEY_KEYS - 1}}}'"
         case "key":
@@ -71,14 +71,21 @@ def _value(arg: Arg, box: str, text_chars: int) -> str:
     raise ValueError(f"no pattern for parameter kind {arg.kind!r}")
 
 
-def action_regex(name: str, width: int, height: int, *, text_chars: int = 30) -> str:
-    """One action of the table, every point inside a `width`x`height` model image."""
+def action_regex(name: str, width: int, height: int, *, text_chars: int = 30, text: str = _TEXT,
+                 first_point: tuple[int, int] | None = None) -> str:  # fmt: skip
+    """One action of the table, every point inside a `width`x`height` model image (its first point exactly
+    `first_point` when given); text values of `text` characters."""
     if name not in SPECS:
         raise ValueError(f"unknown action {name!r}")
     x, y = int_range(0, width - 1), int_range(0, height - 1)
     box = rf"'<\|box_start\|>\({x},{y}\)<\|box_end\|>'"
-    params = ", ".join(f"{arg.box_key}={_value(arg, box, text_chars)}" for arg in written_args(name))
-    return rf"{re.escape(name)}\({params}\)"
+    params = []
+    for arg in written_args(name):
+        point = arg.kind == "point" and first_point is not None
+        at = rf"'<\|box_start\|>\({first_point[0]},{first_point[1]}\)<\|box_end\|>'" if point else box  # type: ignore[index]
+        first_point = None if point else first_point
+        params.append(f"{arg.box_key}={_value(arg, at, text_chars, text)}")
+    return rf"{re.escape(name)}\({', '.join(params)}\)"
 
 
 def proposal_regex(
@@ -92,3 +99,40 @@ def proposal_regex(
     """`Thought: …\\nAction: <one action>` with every point inside a `width`x`height` model image."""
     actions = [action_regex(name, width, height, text_chars=text_chars) for name in names]
     return rf"Thought: {_TEXT}{{1,{thought_chars}}}\nAction: (?:" + "|".join(actions) + ")"
+
+
+# Grounded decoding (docs/agent.md): a model whose checkpoint asks for it points only at elements the page's outline
+# lists. Its click names the element by its outline line, `Thought: I click <line>.`, and the action goes to that
+# line's centre; every other action keeps the grammar with a free one-line thought. Like set-of-marks prompting, the
+# choice of element stays the model's; what the constraint removes is copying a centre's digits by hand.
+GROUNDED_VERBS = {"click": "click", "left_double": "double-click", "right_single": "right-click", "drag": "drag"}
+FREE_ACTIONS = ("type", "hotkey", "scroll", "wait", "finished")
+_ANY_TEXT = r"(?:[^'\\\n]|\\[\\'nrt])"  # anything format_action writes between quotes (escapes included)
+_OUTLINE_LINE = re.compile(r"^(?P<line>\S.*) \((?P<x>\d+),(?P<y>\d+)\)$")
+
+
+def outline_points(text: str) -> list[tuple[str, int, int]]:
+    """The elements of a rendered outline (sandbox/outline.py `render`): each line as written, and its centre."""
+    out = []
+    for row in text.splitlines()[1:]:
+        found = _OUTLINE_LINE.match(row.strip())
+        if found:
+            out.append((row.strip(), int(found["x"]), int(found["y"])))
+    return out
+
+
+def grounded_regex(outline: str, width: int, height: int, *, thought_chars: int = 120, text_chars: int = 40) -> str:
+    """`Thought: I click <an outline line>.\\nAction: click(<its centre>)` for every element the outline lists (and
+    the same for double-click, right-click and drag's start), or a free one-line thought and an action that points
+    at no element (type, hotkey, scroll, wait, finished), every point inside the `width`x`height` model image."""
+    pointing = []
+    for line, x, y in outline_points(outline):
+        if not (0 <= x < width and 0 <= y < height):
+            continue
+        for name, verb in GROUNDED_VERBS.items():
+            action = action_regex(name, width, height, text_chars=text_chars, text=_ANY_TEXT, first_point=(x, y))
+            pointing.append(rf"I {verb} {re.escape(line)}\.\nAction: {action}")
+    free = [action_regex(name, width, height, text_chars=text_chars, text=_ANY_TEXT) for name in FREE_ACTIONS]
+    thought = rf"(?!I (?:{'|'.join(GROUNDED_VERBS.values())}) )[^\n]{{1,{thought_chars}}}"
+    anything_else = thought + r"\nAction: (?:" + "|".join(free) + ")"
+    return "Thought: (?:" + "|".join([*pointing, anything_else]) + ")"

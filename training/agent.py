@@ -12,6 +12,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from training.policy.grounding import DECODING_KEY, GROUNDED
 from training.policy.tiny import build_tiny_checkpoint
 
 PATCH = 28  # a merged vision token covers 28x28 pixels
@@ -73,5 +74,8 @@ def build_agent(path: str | Path, config: AgentConfig | None = None) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(out)
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(out)
+    # Grounded decoding (training/policy/grounding.py): the config travels with every checkpoint trained from this one.
+    model_config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**model_config, DECODING_KEY: GROUNDED}, indent=2))
     (out / "agent.json").write_text(json.dumps({"agent": asdict(config), "trained": False}))
     return out

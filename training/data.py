@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -243,6 +244,7 @@ class Renderer:
 
         for relative in paths:
             with Image.open(base / relative) as image:
+                reduce_for(image, self.image_processor)
                 out = self.image_processor(images=[image.convert("RGB")], return_tensors="pt")
             found["pixel_values"].append(out["pixel_values"])
             found["grids"].append(out["image_grid_thw"])
@@ -263,6 +265,23 @@ class Renderer:
             else:
                 out.append(token)
         return out, index
+
+
+def reduce_for(image: Any, processor: Any) -> Any:
+    """Decode a JPEG far larger than the processor's image at a reduced scale (PIL's draft mode: a tiny model's
+    screenshot decodes 5-7x faster), keeping at least twice the final size on each axis so the resize that follows
+    still averages; other images, and models that see near full size, are left alone. Training and serving both call
+    it, so the model sees the same pixels in both."""
+    size = getattr(processor, "size", None)
+    limit = getattr(processor, "max_pixels", None) or getattr(size, "longest_edge", None)
+    if limit is None and isinstance(size, dict):
+        limit = size.get("longest_edge")
+    if limit and getattr(image, "format", None) == "JPEG":
+        width, height = image.size
+        factor = (float(limit) / (width * height)) ** 0.5
+        if factor < 0.5:
+            image.draft("RGB", (math.ceil(width * factor * 2), math.ceil(height * factor * 2)))
+    return image
 
 
 def _image_paths(messages: list[dict[str, Any]]) -> list[str]:

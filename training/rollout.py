@@ -30,6 +30,7 @@ import torch
 
 from training.data import Episode, Renderer
 from training.envs import Env
+from training.policy.grounding import grounding_pattern, is_grounded
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,33 @@ class LocalPolicy:
         tokenizer = renderer.tokenizer
         self.pad_id = tokenizer.pad_token_id
         self.eos_id = tokenizer.eos_token_id
+        # A model whose config asks for it points only at outlined elements (training/policy/grounding.py).
+        self.grounded = is_grounded(getattr(model, "config", None))
+        self._token_strings: list[str] | None = None
+
+    def _grounding(self, conversations: list[list[dict[str, Any]]], prompt_length: int) -> list[Any]:
+        """The grounded-decoding logits processor for this batch (one pattern per row, None where free), if any."""
+        if not self.grounded:
+            return []
+        from PIL import Image
+
+        from training.policy.constrained import RegexLogitsProcessor, token_strings
+
+        patterns: list[str | None] = []
+        for conversation in conversations:
+            images = [p for m in conversation if not isinstance(m["content"], str) for p in m["content"]
+                      if p["type"] == "image"]  # fmt: skip
+            if not images:
+                patterns.append(None)
+                continue
+            with Image.open(Path(self.base_dir or ".") / images[-1]["image"]) as image:
+                patterns.append(grounding_pattern(conversation, *image.size))
+        if all(p is None for p in patterns):
+            return []
+        if self._token_strings is None:
+            vocab = self.model.get_output_embeddings().weight.shape[0]
+            self._token_strings = token_strings(self.renderer.tokenizer, vocab)
+        return [RegexLogitsProcessor(patterns, self._token_strings, self.eos_id, prompt_length)]
 
     @torch.no_grad()
     def generate(self, conversations: list[list[dict[str, Any]]]) -> tuple[list[Reply], int]:
@@ -116,6 +144,7 @@ class LocalPolicy:
                 pad_token_id=self.pad_id,
                 eos_token_id=self.eos_id,
                 suppress_tokens=self.renderer.vision_tokens or None,
+                logits_processor=self._grounding(conversations, width),
                 **sampling,
             )
             self.model.train(was_training)

@@ -61,3 +61,94 @@ def test_the_template_keeps_the_instruction_and_trains_only_the_replies(agent, t
                for p in m["content"]]} for m in served]  # fmt: skip
     prompt = tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
     assert prompt == renderer.template(episode.messages[:2], generation_prompt=True)
+
+
+OUTLINE = (
+    "Interactive elements (role, label, state, centre):\n"
+    'button "Move" (475,314)\nbutton "Open" focused (994,544)\ntextbox "Street" value="" (717,541)'
+)
+CENTRES = {(475, 314), (994, 544), (717, 541)}
+
+
+def _conversation(tmp_path, outline: str | None) -> list[dict]:
+    Image.new("RGB", (1288, 812), "white").save(tmp_path / "s0.jpg")
+    observation = [{"type": "image", "image": "s0.jpg"}] + ([{"type": "text", "text": outline}] if outline else [])
+    system = COMPUTER_USE.format(language="English", instruction="Click the button labelled 'Open'.")
+    return [{"role": "user", "content": system}, {"role": "user", "content": observation}]
+
+
+def test_the_agent_decodes_grounded_clicks_only_at_outlined_elements(agent, tmp_path):
+    """An untrained agent (random weights) sampled hot still writes a reply of the grammar whose click, if any, names
+    an outline line and goes to its centre (training/policy/grounding.py); without an outline the reply is free."""
+    from sandbox.action_regex import outline_points
+    from sandbox.actions import parse_step
+    from training.models import load_actor
+    from training.policy.grounding import is_grounded
+    from training.rollout import LocalPolicy, SamplingParams
+
+    tokenizer, processor = load_tokenizer(agent)
+    model = load_actor(agent)
+    assert is_grounded(model.config)  # written by the builder, kept by every checkpoint saved from it
+    policy = LocalPolicy(model, Renderer(tokenizer, image_processor=processor), SamplingParams(300, 1.5))
+    policy.base_dir = tmp_path
+    replies, _ = policy.generate([_conversation(tmp_path, OUTLINE)] * 12)
+    lines = {line for line, _, _ in outline_points(OUTLINE)}
+    for reply in replies:
+        step = parse_step(reply.text)
+        for action in step.actions:
+            if action.name in ("click", "left_double", "right_single", "drag"):
+                point = action.point if action.name != "drag" else action.start
+                assert (point.x, point.y) in CENTRES, reply.text
+                assert step.thought.split(" ", 2)[2].rstrip(".") in lines, reply.text
+    assert all(not reply.truncated for reply in replies)  # the grammar's longest reply fits in 300 tokens
+    assert policy._grounding([_conversation(tmp_path, None)], 10) == []  # no outline (a desktop): free decoding
+
+
+def test_grounded_regex_accepts_outlined_clicks_and_free_non_pointing_actions():
+    import regex
+
+    from sandbox.action_regex import grounded_regex, outline_points
+
+    assert outline_points(OUTLINE)[1] == ('button "Open" focused (994,544)', 994, 544)
+    pattern = regex.compile(grounded_regex(OUTLINE, 1288, 812))
+    box = "<|box_start|>({},{})<|box_end|>"
+    ok = [
+        f"Thought: I click button \"Open\" focused (994,544).\nAction: click(start_box='{box.format(994, 544)}')",
+        "Thought: I type \"harbor\\n\".\nAction: type(content='harbor\\n')",
+        "Thought: The task is done.\nAction: finished(content='clicked Open')",
+        f"Thought: I drag button \"Move\" (475,314).\nAction: drag(start_box='{box.format(475, 314)}', "
+        f"end_box='{box.format(10, 20)}')",
+    ]
+    refused = [
+        f"Thought: I click button \"Open\" focused (994,544).\nAction: click(start_box='{box.format(475, 314)}')",
+        f"Thought: I click button \"Close\" (10,10).\nAction: click(start_box='{box.format(10, 10)}')",
+        "Thought: I click somewhere.\nAction: finished(content='x')",
+        f"Thought: Anywhere.\nAction: click(start_box='{box.format(994, 544)}')",
+        f"Thought: I drag button \"Move\" (475,314).\nAction: drag(start_box='{box.format(475, 314)}', "
+        f"end_box='{box.format(1288, 20)}')",  # outside the model image
+    ]
+    assert all(pattern.fullmatch(text) for text in ok)
+    assert not any(pattern.fullmatch(text) for text in refused)
+
+
+def test_the_policy_server_decodes_a_grounded_checkpoint_the_same_way(agent):
+    """The embedded server reads the rule from the checkpoint (no regex in the request): the live proposals and RFT
+    of a grounded agent point only at outlined elements, bounded by the screenshot's own size."""
+    import io
+
+    import regex
+
+    from sandbox.action_regex import grounded_regex
+    from training.policy.server import ChatRequest, PolicyEngine
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (1288, 812), "gray").save(buffer, "JPEG")
+    messages = build_messages("Click the button labelled 'Open'.", [], buffer.getvalue(), observation_text=OUTLINE)
+    engine = PolicyEngine(agent, threads=1)
+    request = ChatRequest(messages=messages, n=4, temperature=1.5, max_tokens=300, seed=1)
+    assert engine.prepare(request).processors  # the grounding pattern, built from the last observation
+    pattern = regex.compile(grounded_regex(OUTLINE, 1288, 812))
+    choices = engine.complete(request)["choices"]
+    assert len(choices) == 4 and all(pattern.fullmatch(c["message"]["content"]) for c in choices)
+    desktop = build_messages("Close the window.", [], buffer.getvalue())
+    assert not engine.prepare(ChatRequest(messages=desktop)).processors  # no outline: free, as any model

@@ -14,32 +14,43 @@ import torch
 
 class RegexLogitsProcessor:
     """A transformers logits processor: masks to -inf every token that would leave the language of `pattern`;
-    end-of-sequence is allowed only once the text is a full match (so every finished output matches)."""
+    end-of-sequence is allowed only once the text is a full match (so every finished output matches). `pattern` may
+    be one per prompt (None: that prompt is free); a prompt's `num_return_sequences` rows share its pattern."""
 
-    def __init__(self, pattern: str, token_strings: list[str], eos_token_id: int, prompt_length: int) -> None:
-        self.pattern = regex.compile(pattern)
+    def __init__(
+        self, pattern: str | list[str | None], token_strings: list[str], eos_token_id: int, prompt_length: int
+    ) -> None:
+        patterns = [pattern] if isinstance(pattern, str) else list(pattern)
+        self.patterns = [None if p is None else regex.compile(p) for p in patterns]
         self.token_strings, self.eos, self.prompt_length = token_strings, eos_token_id, prompt_length
         self.by_first: dict[str, list[int]] = defaultdict(list)
         for token_id, text in enumerate(token_strings):
             if text:
                 self.by_first[text[0]].append(token_id)
 
-    def allowed(self, text: str) -> list[int]:
-        allowed = [self.eos] if self.pattern.fullmatch(text) else []
+    def allowed(self, text: str, pattern: regex.Pattern[str] | None = None) -> list[int]:
+        pattern = pattern or self.patterns[0]
+        allowed = [self.eos] if pattern.fullmatch(text) else []
         for first, token_ids in self.by_first.items():
-            if not self.pattern.fullmatch(text + first, partial=True):
+            if not pattern.fullmatch(text + first, partial=True):
                 continue
             for token_id in token_ids:
                 piece = self.token_strings[token_id]
-                if len(piece) == 1 or self.pattern.fullmatch(text + piece, partial=True):
+                if len(piece) == 1 or pattern.fullmatch(text + piece, partial=True):
                     allowed.append(token_id)
         return allowed or [self.eos]
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        mask = torch.full_like(scores, float("-inf"))
+        mask = torch.zeros_like(scores)
+        rows = input_ids.shape[0]
+        per_prompt = max(rows // len(self.patterns), 1)
         for row, ids in enumerate(input_ids[:, self.prompt_length :].tolist()):
+            pattern = self.patterns[min(row // per_prompt, len(self.patterns) - 1)]
+            if pattern is None:
+                continue
             text = "".join(self.token_strings[i] for i in ids if i != self.eos)
-            mask[row, self.allowed(text)] = 0.0
+            mask[row] = float("-inf")
+            mask[row, self.allowed(text, pattern)] = 0.0
         return scores + mask
 
 

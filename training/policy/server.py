@@ -36,7 +36,8 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
 
-from training.data import vision_token_ids
+from training.data import reduce_for, vision_token_ids
+from training.policy.grounding import grounding_pattern, is_grounded
 
 from .served import LoadError, ServedModels
 
@@ -203,6 +204,7 @@ class PolicyEngine:
         self.token_strings = token_strings(self.tokenizer, vocab)
         self.eos = self.model.generation_config.eos_token_id
         self.eos = self.eos[0] if isinstance(self.eos, list) else self.eos
+        self.grounded = is_grounded(self.model.config)  # the suite agent's decoding rule (training/policy/grounding.py)
         self.lock = lock or threading.Lock()  # shared by every engine of a server: generation seeds the global RNG
         self._token_text: dict[int, str] = {}
 
@@ -215,10 +217,10 @@ class PolicyEngine:
         return {"id": self.name, "object": "model", "created": self.created, "owned_by": "local",
                 "root": str(self.checkpoint), "parent": None}  # fmt: skip
 
-    def _render(self, messages: list[ChatMessage]) -> tuple[str, list[Any]]:
+    def _render(self, messages: list[ChatMessage]) -> tuple[str, list[Any], list[tuple[int, int]]]:
         from PIL import Image, UnidentifiedImageError
 
-        chat, images = [], []
+        chat, images, sizes = [], [], []
         for message in messages:
             if isinstance(message.content, str):
                 chat.append({"role": message.role, "content": message.content})
@@ -235,7 +237,8 @@ class PolicyEngine:
                         raise BadRequest("images must be data URLs (data:image/...;base64,...): no network here")
                     try:
                         image = Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1], validate=True)))
-                        images.append(image.convert("RGB"))
+                        sizes.append(image.size)  # the model frame (grounded decoding's bounds), before reducing
+                        images.append(reduce_for(image, self.image_processor).convert("RGB"))
                     except (ValueError, UnidentifiedImageError) as exc:
                         raise BadRequest(f"image {len(images) + 1} is not a readable image: {exc}") from exc
                     parts.append({"type": "image"})
@@ -243,7 +246,7 @@ class PolicyEngine:
                     raise BadRequest(f"unsupported content part type {part.get('type')!r}")
             chat.append({"role": message.role, "content": parts})
         prompt = self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-        return prompt, images
+        return prompt, images, sizes
 
     def prepare(self, request: ChatRequest) -> Prepared:
         """Check the request and render it into token ids, image tensors and the grammar (raises BadRequest /
@@ -255,7 +258,7 @@ class PolicyEngine:
         if not self.serves(request.model):
             raise UnknownModel(f"The model `{request.model}` does not exist.")
         request.check()
-        prompt, images = self._render(request.messages)
+        prompt, images, sizes = self._render(request.messages)
         vision: dict[str, Any] = {}
         if images and self.image_processor is not None:
             processed = self.image_processor(images=images, return_tensors="pt")
@@ -267,6 +270,9 @@ class PolicyEngine:
             prompt = pieces[0] + "".join(self.image_token * c + p for c, p in zip(counts, pieces[1:], strict=True))
         input_ids = self.tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
         pattern = (request.structured_outputs or {}).get("regex") or request.guided_regex
+        if not pattern and self.grounded and images:
+            chat = [{"role": m.role, "content": m.content} for m in request.messages]
+            pattern = grounding_pattern(chat, *sizes[-1])
         processors = []
         if pattern:
             try:
