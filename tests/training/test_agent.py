@@ -138,7 +138,7 @@ def test_the_policy_server_decodes_a_grounded_checkpoint_the_same_way(agent):
 
     import regex
 
-    from sandbox.action_regex import grounded_regex
+    from sandbox.action_regex import grounded_regex, proposal_regex
     from training.policy.server import ChatRequest, PolicyEngine
 
     buffer = io.BytesIO()
@@ -150,5 +150,9 @@ def test_the_policy_server_decodes_a_grounded_checkpoint_the_same_way(agent):
     pattern = regex.compile(grounded_regex(OUTLINE, 1288, 812))
     choices = engine.complete(request)["choices"]
     assert len(choices) == 4 and all(pattern.fullmatch(c["message"]["content"]) for c in choices)
+    # A caller's generic grammar (live proposals and RFT send one) gives way to the checkpoint's narrower rule.
+    generic = {"regex": proposal_regex(1288, 812)}
+    choices = engine.complete(request.model_copy(update={"structured_outputs": generic}))["choices"]
+    assert all(pattern.fullmatch(c["message"]["content"]) for c in choices)
     desktop = build_messages("Close the window.", [], buffer.getvalue())
     assert not engine.prepare(ChatRequest(messages=desktop)).processors  # no outline: free, as any model

@@ -270,9 +270,12 @@ class PolicyEngine:
             prompt = pieces[0] + "".join(self.image_token * c + p for c, p in zip(counts, pieces[1:], strict=True))
         input_ids = self.tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
         pattern = (request.structured_outputs or {}).get("regex") or request.guided_regex
-        if not pattern and self.grounded and images:
+        if self.grounded and images:
+            # The checkpoint's own rule, when the observation has an outline: every reply it allows is also a
+            # well-formed, in-bounds UI-TARS step, so it stands in for a caller's generic grammar (live proposals
+            # and RFT send one) rather than being overridden by it.
             chat = [{"role": m.role, "content": m.content} for m in request.messages]
-            pattern = grounding_pattern(chat, *sizes[-1])
+            pattern = grounding_pattern(chat, *sizes[-1]) or pattern
         processors = []
         if pattern:
             try:
