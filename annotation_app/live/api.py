@@ -7,11 +7,12 @@ drives them with its session cookie, scripts with a token.
 
 from __future__ import annotations
 
+import base64
 import time
 
 from django.conf import settings
 from django.http import Http404
-from drf_spectacular.utils import extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.parsers import JSONParser
@@ -37,6 +38,10 @@ ORACLE_STATE = inline_serializer(
         "screen_width": serializers.IntegerField(), "screen_height": serializers.IntegerField(),
         "model_width": serializers.IntegerField(), "model_height": serializers.IntegerField(),
     },
+)  # fmt: skip
+INLINE = OpenApiParameter(
+    "observation", str, enum=["inline"], required=False,
+    description="`inline`: the answer carries the new observation's JPEG as `observation_jpeg_base64`.",
 )  # fmt: skip
 VNC_TOKEN = inline_serializer("VncToken", {"token": serializers.CharField(), "port": serializers.CharField()})
 
@@ -95,15 +100,18 @@ class LiveStateView(LiveView):
 
 
 class LiveStepView(LiveView):
-    """Accept a proposal or override it; the action runs in the sandbox before the answer comes back."""
+    """Accept a proposal or override it; the action runs in the sandbox before the answer comes back. With
+    `?observation=inline` the answer also carries the new observation's JPEG (base64), the stored file's bytes, so
+    the live page shows it without fetching it again."""
 
-    @extend_schema(request=s.LiveStepSerializer, responses={201: STATE})
+    @extend_schema(request=s.LiveStepSerializer, responses={201: STATE}, parameters=[INLINE])
     def post(self, request: Request, pk: int) -> Response:
         started, cpu = time.perf_counter(), time.thread_time()
         session = self.live(request, pk)
         data = self.valid(s.LiveStepSerializer, request)
+        inline = request.query_params.get("observation", "") == "inline"
         timings: dict[str, float] = {}
-        step = live.take_step(
+        step, session = live.run_step(
             session,
             expected_index=data["expected_index"],
             candidate=data.get("candidate"),
@@ -111,14 +119,22 @@ class LiveStepView(LiveView):
             action_text=data.get("action_text", ""),
             timings=timings,
         )
-        session.refresh_from_db()
-        response = Response(
-            {"step": live.step_json(step), "state": live.state_of(session)}, status=status.HTTP_201_CREATED
-        )
+        body = {"step": live.step_json(step), "state": live.state_of(session)}
+        if inline:
+            body["observation_jpeg_base64"] = observation_base64(session)
+        response = Response(body, status=status.HTTP_201_CREATED)
         timings["view"] = (time.perf_counter() - started) * 1000
         timings["cpu"] = (time.thread_time() - cpu) * 1000  # this request's own CPU time in the web worker
         response["Server-Timing"] = server_timing(timings)
         return response
+
+
+def observation_base64(session: LiveSession) -> str | None:
+    """The session's current observation as stored (base64 JPEG), or None when it has none."""
+    if not session.observation:
+        return None
+    with session.observation.open("rb") as f:
+        return base64.b64encode(f.read()).decode()
 
 
 def server_timing(timings: dict[str, float]) -> str:

@@ -350,7 +350,10 @@ def propose(live_id: int, index: int) -> None:
             client.close()
     except PolicyError as exc:
         updated = LiveSession.objects.filter(pk=live.pk, next_index=index).update(
-            proposals=LiveSession.Proposals.FAILED, proposal_error=str(exc), candidates=[], updated_at=timezone.now(),
+            proposals=LiveSession.Proposals.FAILED,
+            proposal_error=str(exc),
+            candidates=[],
+            updated_at=timezone.now(),
             observation_outline=outline,
         )
         if updated:

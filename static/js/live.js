@@ -10,6 +10,7 @@ let state = JSON.parse($("live-state").textContent);
 const templates = JSON.parse($("live-templates").textContent);
 let rfb = null;
 let busy = false;
+let stepEvent = null; // a step pushed while our own step request was in flight: its answer shows that step
 const early = new Map(); // proposals that arrived before the step response that moved us to their index
 // Timings the benchmark reads: accept → new screenshot shown; proposals sent by the server → drawn.
 window.liveTimings = { steps: [], proposals: [] };
@@ -137,8 +138,8 @@ function applyState(next) {
   root.dataset.status = state.status;
   root.dataset.nextIndex = state.next_index;
   $("step-n").textContent = state.next_index + 1;
-  if (state.observation_url && $("shot").getAttribute("src") !== state.observation_url) {
-    $("shot").src = state.observation_url;
+  if (state.observation_url && $("shot").dataset.observation !== state.observation_url) {
+    showObservation(state.observation_url);
   }
   $("shot-placeholder").hidden = !!state.observation_url;
   if (!state.observation_url && state.status === "failed") $("shot-placeholder").textContent = "The desktop could not be started.";
@@ -160,6 +161,15 @@ function applyState(next) {
   document.querySelectorAll("#override button, #abandon").forEach((b) => { b.disabled = !open && b.id !== "abandon"; });
   $("abandon").disabled = !(state.status === "active" || state.status === "starting");
   if (open) connectVnc();
+}
+
+// Show an observation: its stored file by URL, or with `jpeg` (base64) the same bytes the step's answer carried,
+// so the new screenshot needs no second request. Resolves once it is decoded (or failed).
+function showObservation(url, jpeg) {
+  const shot = $("shot");
+  shot.dataset.observation = url;
+  shot.src = jpeg ? `data:image/jpeg;base64,${jpeg}` : url;
+  return shot.decode().catch(() => {});
 }
 
 // What the ended page says happened: the evaluator's verdict, or why there is none.
@@ -193,26 +203,26 @@ async function takeStep(body) {
   const started = performance.now();
   const index = state.next_index;
   try {
-    const { step, state: next } = await call("step/", { expected_index: index, ...body });
+    const answer = await call("step/?observation=inline", { expected_index: index, ...body });
+    const { step, state: next } = answer;
     const answered = performance.now() - started;
     if (step.index >= $("steps").children.length) addStep(step);
-    const shown = new Promise((resolve) => {
-      if (!next.observation_url || $("shot").getAttribute("src") === next.observation_url) return resolve();
-      $("shot").addEventListener("load", resolve, { once: true });
-      $("shot").addEventListener("error", resolve, { once: true });
-    });
+    if (state.next_index <= index && next.observation_url && answer.observation_jpeg_base64) {
+      showObservation(next.observation_url, answer.observation_jpeg_base64);
+    }
     // The override ran: clear the editor, unless the annotator already started on the next action (the step's
     // websocket event can arrive before this response).
     if (body.action_text !== undefined && $("override-action").value === body.action_text) {
       $("override-thought").value = ""; $("override-action").value = ""; $("override-check").textContent = "";
     }
     if (state.next_index <= index) applyState(next);
-    await shown;
+    await $("shot").decode().catch(() => {}); // the new screenshot is on screen
     window.liveTimings.steps.push({ index, ms: performance.now() - started, answered_ms: answered });
   } catch (error) {
     showError(error.message);
   } finally {
     busy = false;
+    if (stepEvent) { const data = stepEvent; stepEvent = null; onStepEvent(data); }
   }
 }
 
@@ -313,6 +323,11 @@ $("abandon").addEventListener("click", async () => {
 
 // --- server push ---------------------------------------------------------------------------------------------------
 
+function onStepEvent(data) {
+  if (data.step.index >= $("steps").children.length) addStep(data.step);
+  if (data.state.next_index > state.next_index) applyState(data.state);
+}
+
 let delay = 1000;
 function connectEvents() {
   const url = root.dataset.wsUrl;
@@ -323,8 +338,8 @@ function connectEvents() {
     const data = JSON.parse(message.data);
     if (data.event === "state") applyState(data.state);
     else if (data.event === "step") {
-      if (data.step.index >= $("steps").children.length) addStep(data.step);
-      if (data.state.next_index > state.next_index) applyState(data.state);
+      if (busy) stepEvent = data; // our step's answer will show it, its screenshot inline
+      else onStepEvent(data);
     } else if (data.event === "proposals" && data.index > state.next_index) {
       early.set(data.index, { candidates: data.candidates, proposals: data.error ? "failed" : "ready", proposal_error: data.error });
     } else if (data.event === "proposals" && data.index === state.next_index) {
@@ -342,5 +357,6 @@ function connectEvents() {
   };
 }
 
+$("shot").dataset.observation = $("shot").getAttribute("src") || ""; // the page came with it
 applyState(state);
 connectEvents();

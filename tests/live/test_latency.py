@@ -9,6 +9,8 @@ These check what happened (which rule ended the wait, what the screenshot shows)
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import io
 
 import pytest
@@ -78,7 +80,11 @@ def test_an_action_on_an_application_still_waits_for_it(desktop):
 @pytest.mark.slow
 def test_a_live_step_says_where_its_time_went(live_worker, embedded_model, make_user):
     """The step API's Server-Timing header names each part (bench/live.py reads it from the page), and the step is
-    stored done with the settled observation."""
+    stored done with the settled observation; the answer carries that stored observation inline when asked (the
+    page shows it without a second request), and the step's event still reaches the page's websocket group."""
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+
     from annotation_app.live import sessions as live
     from annotation_app.models import LiveSession, Role, Step
     from annotation_app.task_queue import next_task
@@ -92,13 +98,28 @@ def test_a_live_step_says_where_its_time_went(live_worker, embedded_model, make_
     next_task(annotator)
     session = live.open_live(annotator, task)
     assert wait_for(lambda: LiveSession.objects.get(pk=session.pk).status == "active", timeout=120)
+    layer = get_channel_layer()
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(live.group(session.trajectory_id), channel)
     client = api_client_for(annotator)
     response = client.post(
-        f"/api/live/{session.trajectory_id}/step/",
+        f"/api/live/{session.trajectory_id}/step/?observation=inline",
         {"expected_index": 0, "action_text": "type(content='ls\\n')"},
         format="json",
     )
     assert response.status_code == 201, response.content
+    stored = LiveSession.objects.get(pk=session.pk).observation
+    assert response.json()["state"]["observation_url"] == stored.url and "obs-00001" in stored.name
+    with stored.open("rb") as f:
+        assert base64.b64decode(response.json()["observation_jpeg_base64"]) == f.read()
+
+    async def pushed() -> dict:  # the step's event; the start's state and the proposals may come before it
+        while (message := await asyncio.wait_for(layer.receive(channel), timeout=60))["event"] != "step":
+            pass
+        return message
+
+    event = async_to_sync(pushed)()
+    assert event["event"] == "step" and event["state"]["next_index"] == 1 and event["step"]["index"] == 0
     parts = dict(item.strip().split(";dur=") for item in response["Server-Timing"].split(","))
     expected = {"reserve", "sandbox", "service", "settle", "complete", "push", "enqueue", "view", "cpu"}
     assert set(parts) == expected and all(float(ms) >= 0 for ms in parts.values())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import re
 
 import pytest
@@ -47,6 +48,13 @@ def test_an_annotator_accepts_overrides_and_finishes_in_the_browser(chromium, em
     page.keyboard.press(str(choice + 1))
     expect(live).to_have_attribute("data-next-index", "1", timeout=30_000)
     expect(page.locator("#steps li")).to_have_count(1)
+    # The new screenshot is shown from the step's answer, byte for byte the stored (settled) observation.
+    observation = LiveSession.objects.get(trajectory__annotator=annotator).observation
+    expect(page.locator("#shot")).to_have_attribute("data-observation", observation.url)
+    shown = page.evaluate("document.getElementById('shot').src")
+    assert shown.startswith("data:image/jpeg;base64,")
+    with observation.open("rb") as f:
+        assert base64.b64decode(shown.split(",", 1)[1]) == f.read()
 
     # An invalid override is flagged as it is typed and never runs.
     page.fill("#override-action", "click(start_box='(5,5)'")
