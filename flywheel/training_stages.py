@@ -62,7 +62,8 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         },
     },
     # The suite agent (training/agent.py, docs/agent.md) on a 2-core CPU: a from-scratch model needs a high learning
-    # rate and several passes over a few hundred oracle demonstrations; PPO is short, on browser suite tasks.
+    # rate and several passes over a few hundred oracle demonstrations; PPO is short, on browser suite tasks. Its
+    # tokenizer is byte-level: a click naming a long outline line is up to ~180 tokens, hence 200 new tokens.
     "suite-cpu": {
         "ct": {"batch_episodes": 8, "micro_batch": 8, "epochs": 1, "lr": 1e-3, "max_length": 4096, "save_every": 50},
         "sft": {
@@ -79,7 +80,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             "episodes_per_step": 8,
             "value_max_steps": 3,
             "max_turns": 6,
-            "max_new_tokens": 96,
+            "max_new_tokens": 200,
             "concurrency": 2,
             "critic_lr": 1e-3,
             "save_every": 5,
@@ -89,7 +90,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             "episodes_per_step": 8,
             "iterations": 3,
             "max_turns": 6,
-            "max_new_tokens": 96,
+            "max_new_tokens": 200,
             "temperature": 1.0,
             "concurrency": 2,
             "actor_lr": 1e-4,
@@ -111,7 +112,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 }
 EVALUATE_DEFAULTS = {
     "tiny-cpu": {"episodes": 2, "max_new_tokens": 24},
-    "suite-cpu": {"episodes": 30, "max_new_tokens": 96},
+    "suite-cpu": {"episodes": 30, "max_new_tokens": 200},
     "default": {"episodes": 32},
 }
 EVALUATE_KEYS = {

@@ -121,6 +121,12 @@ def outline_points(text: str) -> list[tuple[str, int, int]]:
     return out
 
 
+def _literal(text: str) -> str:
+    """`text` as a regex literal; a non-ASCII character may also come as replacement characters, which is how a
+    byte-level tokenizer's single bytes read one at a time (training/policy/constrained.py joins decoded tokens)."""
+    return "".join(re.escape(c) if c.isascii() else f"(?:{re.escape(c)}|\ufffd{{1,4}})" for c in text)
+
+
 def grounded_regex(outline: str, width: int, height: int, *, thought_chars: int = 120, text_chars: int = 40) -> str:
     """`Thought: I click <an outline line>.\\nAction: click(<its centre>)` for every element the outline lists (and
     the same for double-click, right-click and drag's start), or a free one-line thought and an action that points
@@ -131,7 +137,7 @@ def grounded_regex(outline: str, width: int, height: int, *, thought_chars: int 
             continue
         for name, verb in GROUNDED_VERBS.items():
             action = action_regex(name, width, height, text_chars=text_chars, text=_ANY_TEXT, first_point=(x, y))
-            pointing.append(rf"I {verb} {re.escape(line)}\.\nAction: {action}")
+            pointing.append(rf"I {verb} {_literal(line)}\.\nAction: {action}")
     free = [action_regex(name, width, height, text_chars=text_chars, text=_ANY_TEXT) for name in FREE_ACTIONS]
     thought = rf"(?!I (?:{'|'.join(GROUNDED_VERBS.values())}) )[^\n]{{1,{thought_chars}}}"
     anything_else = thought + r"\nAction: (?:" + "|".join(free) + ")"
