@@ -171,6 +171,8 @@ def test_demo_runs_every_stage_through_the_platform(media, transactional_db, tmp
     demos = Validation.objects.filter(iteration=bootstrap, trajectory__metadata__origin="demo")
     assert demos.count() == len(train) and demos.filter(route="sft").exists()
     assert all(v.trajectory.simulated and v.trajectory.steps.exists() for v in demos)
+    # Browser tasks: every step kept the page outline the agent reads, so the SFT store shows it too.
+    assert all(step.outline for v in demos for step in v.trajectory.steps.all())
 
     # The iteration: simulated annotators through the live API, RFT rollouts on training tasks, all routed.
     annotated = Trajectory.objects.filter(mode=Trajectory.Mode.INTERACTIVE, validations__iteration=loop)
