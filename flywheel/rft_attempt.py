@@ -156,8 +156,7 @@ class RecordingClient:
 
     def outline(self, session_id: str) -> list[Any]:
         """A browser page's interactive elements: SandboxEnv puts them in each observation (sandbox/outline.py);
-        the last ones read are kept for the step taken on that observation."""
-        self.last_outline = None
+        the last ones read are kept for the step taken on that observation (RolloutEnv clears them before each)."""
         elements = self.client.outline(session_id)
         self.last_outline = outline_json(elements)
         return elements

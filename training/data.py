@@ -165,7 +165,7 @@ class Renderer:
     def prompt_inputs(self, messages: list[dict[str, Any]], base_dir: str | Path = ".") -> dict[str, Any]:
         """What the policy continues, images included: `input_ids` (image pads expanded, as the model sees them) and,
         when the conversation has images (paths relative to `base_dir`), `pixel_values` and `image_grid_thw`."""
-        images = self._load_images(_image_paths(messages), Path(base_dir), "the conversation")
+        images = self._load_images(image_paths(messages), Path(base_dir), "the conversation")
         ids, _ = self._expand_images(self.prompt_ids(messages), images["grids"], 0)
         out: dict[str, Any] = {"input_ids": ids}
         if images["pixel_values"]:
@@ -231,7 +231,7 @@ class Renderer:
 
     def _images(self, episode: Episode) -> dict[str, list[torch.Tensor]]:
         base = Path(episode.meta.get("base_dir", "."))
-        return self._load_images(_image_paths(episode.messages), base, f"episode {episode.id!r}")
+        return self._load_images(image_paths(episode.messages), base, f"episode {episode.id!r}")
 
     def _load_images(self, paths: list[str], base: Path, what: str) -> dict[str, list[torch.Tensor]]:
         """Pixel values and grids of images given by paths relative to `base`, in order."""
@@ -284,7 +284,8 @@ def reduce_for(image: Any, processor: Any) -> Any:
     return image
 
 
-def _image_paths(messages: list[dict[str, Any]]) -> list[str]:
+def image_paths(messages: list[dict[str, Any]]) -> list[str]:
+    """The image paths of a conversation, in order."""
     parts = [p for m in messages if isinstance(m["content"], list) for p in m["content"]]
     return [p["image"] for p in parts if p["type"] == "image"]
 

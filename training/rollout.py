@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import torch
 
-from training.data import Episode, Renderer
+from training.data import Episode, Renderer, image_paths
 from training.envs import Env
 from training.policy.grounding import grounding_pattern, is_grounded
 
@@ -88,12 +88,11 @@ class LocalPolicy:
 
         patterns: list[str | None] = []
         for conversation in conversations:
-            images = [p for m in conversation if not isinstance(m["content"], str) for p in m["content"]
-                      if p["type"] == "image"]  # fmt: skip
+            images = image_paths(conversation)
             if not images:
                 patterns.append(None)
                 continue
-            with Image.open(Path(self.base_dir or ".") / images[-1]["image"]) as image:
+            with Image.open(Path(self.base_dir or ".") / images[-1]) as image:
                 patterns.append(grounding_pattern(conversation, *image.size))
         if all(p is None for p in patterns):
             return []

@@ -304,13 +304,11 @@ def page_outline(live: LiveSession) -> tuple[str | None, list[dict[str, Any]] | 
     same way here; and the elements in screen pixels, stored with the step. (None, None) for a desktop session."""
     if live.kind != "browser" or not settings.LIVE_OUTLINE:
         return None, None
-    trajectory = live.trajectory
-    scale = (live.model_width / trajectory.screen_width, live.model_height / trajectory.screen_height)
     try:
-        elements = sandbox_for(trajectory.pk).outline(live.sandbox_session_id)
+        elements = sandbox_for(live.trajectory_id).outline(live.sandbox_session_id)
     except (SandboxError, ValueError, httpx.HTTPError):
         return "Interactive elements: unavailable.", None
-    return render_outline(elements, scale), outline_json(elements)
+    return render_outline(elements, frame_of(live).scale), outline_json(elements)
 
 
 def propose(live_id: int, index: int) -> None:

@@ -8,7 +8,8 @@ from django.urls import reverse
 from annotation_app.webhooks import manage
 from annotation_app.webhooks.models import Delivery, Event, Webhook
 
-from ..conftest import ROLES, api_client_for
+from ..access import client_as
+from ..conftest import ROLES
 
 A, L, M, S = "annotator", "data_lead", "ml_engineer", "superuser"
 MANAGERS = {L, M, S}
@@ -30,21 +31,12 @@ def hook(db):
     return manage.create("https://example.org/hook", [Event.TASK_COMPLETED], "", by=None)
 
 
-def _client(role, make_user):
-    if role == "anonymous":
-        return api_client_for(None)
-    user = make_user(role)
-    client = api_client_for(user)
-    client.force_login(user)
-    return client
-
-
 @pytest.mark.parametrize("role", ROLES)
 @pytest.mark.parametrize(("name", "method", "allowed"), WEBHOOK_MATRIX, ids=[f"{m} {n}" for n, m, _ in WEBHOOK_MATRIX])
 def test_authorization(role, name, method, allowed, hook, make_user):
     delivery = manage.ping(hook, by=None)
     args = {"webhooks": [], "webhook-create": [], "webhook-redeliver": [delivery.pk]}.get(name, [hook.pk])
-    response = getattr(_client(role, make_user), method)(reverse(name, args=args))
+    response = getattr(client_as(role, make_user), method)(reverse(name, args=args))
     code = response.status_code
     assert code != 500
     if role in allowed:
@@ -66,7 +58,7 @@ def test_authorization(role, name, method, allowed, hook, make_user):
     ],
 )
 def test_a_refused_webhook_shows_why_and_keeps_what_was_typed(post, message, make_user):
-    client = _client(L, make_user)
+    client = client_as(L, make_user)
     response = client.post(reverse("webhook-create"), post)
     assert response.status_code == 400
     page = response.content.decode()
@@ -76,7 +68,7 @@ def test_a_refused_webhook_shows_why_and_keeps_what_was_typed(post, message, mak
 
 
 def test_a_lead_adds_pings_pauses_rotates_and_deletes(make_user):
-    client = _client(L, make_user)
+    client = client_as(L, make_user)
     response = client.post(
         reverse("webhook-create"), {"url": "https://example.org/x", "events": ["task.completed", "model.promoted"]}
     )
