@@ -54,8 +54,9 @@ def test_agent_loop_records_turns_rewards_versions_and_truncation(policy):
     assistant = [m for m in episode.messages if m["role"] == "assistant"]
     assert len(assistant) == 2 and all(m["version"] == 3 for m in assistant)
     assert [m["role"] for m in episode.messages] == ["system", "user", "assistant", "user", "assistant"]
-    # an untrained model rarely stops within 4 tokens: those turns are marked truncated for the format penalty
-    assert all(len(m["content"]) >= 4 for m in assistant if m.get("truncated"))
+    # an untrained model rarely stops within 4 tokens: those turns are marked truncated for the format penalty. The
+    # tokenizer is byte-level, so 4 tokens are at least 4 UTF-8 bytes (a partial character decodes to U+FFFD).
+    assert all(len(m["content"].encode()) >= 4 for m in assistant if m.get("truncated")), assistant
     policy.version = 0
 
 
