@@ -107,7 +107,10 @@ def proposal_regex(
 # choice of element stays the model's; what the constraint removes is copying a centre's digits by hand.
 GROUNDED_VERBS = {"click": "click", "left_double": "double-click", "right_single": "right-click", "drag": "drag"}
 FREE_ACTIONS = ("type", "hotkey", "scroll", "wait", "finished")
-_ANY_TEXT = r"(?:[^'\\\n]|\\[\\'nrt])"  # anything format_action writes between quotes (escapes included)
+# Anything format_action writes between quotes, escapes included; never a control character (PostgreSQL's text
+# refuses NUL, and no action means one).
+_ANY_TEXT = r"(?:[^'\\\x00-\x1f\x7f]|\\[\\'nrt])"
+_LINE = r"[^\x00-\x1f\x7f]"  # a free thought's characters: one line, printable
 _OUTLINE_LINE = re.compile(r"^(?P<line>\S.*) \((?P<x>\d+),(?P<y>\d+)\)$")
 
 
@@ -139,6 +142,6 @@ def grounded_regex(outline: str, width: int, height: int, *, thought_chars: int 
             action = action_regex(name, width, height, text_chars=text_chars, text=_ANY_TEXT, first_point=(x, y))
             pointing.append(rf"I {verb} {_literal(line)}\.\nAction: {action}")
     free = [action_regex(name, width, height, text_chars=text_chars, text=_ANY_TEXT) for name in FREE_ACTIONS]
-    thought = rf"(?!I (?:{'|'.join(GROUNDED_VERBS.values())}) )[^\n]{{1,{thought_chars}}}"
+    thought = rf"(?!I (?:{'|'.join(GROUNDED_VERBS.values())}) ){_LINE}{{1,{thought_chars}}}"
     anything_else = thought + r"\nAction: (?:" + "|".join(free) + ")"
     return "Thought: (?:" + "|".join([*pointing, anything_else]) + ")"

@@ -127,6 +127,8 @@ def test_grounded_regex_accepts_outlined_clicks_and_free_non_pointing_actions():
         f"Thought: Anywhere.\nAction: click(start_box='{box.format(994, 544)}')",
         f"Thought: I drag button \"Move\" (475,314).\nAction: drag(start_box='{box.format(475, 314)}', "
         f"end_box='{box.format(1288, 20)}')",  # outside the model image
+        "Thought: Done\x00.\nAction: finished(content='x')",  # a control character: PostgreSQL refuses NUL
+        "Thought: Done.\nAction: type(content='a\x00')",
     ]
     assert all(pattern.fullmatch(text) for text in ok)
     # A byte-level tokenizer writes "…" one byte at a time: each reads as a replacement character until joined.
