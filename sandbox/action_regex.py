@@ -8,10 +8,11 @@ inside the model image.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable
 
-from .actions import DIRECTIONS, MAX_HOTKEY_KEYS, SPECS, Arg, written_args
+from .actions import DIRECTIONS, MAX_HOTKEY_KEYS, SPECS, Arg, quoted_text, written_args
 
 # Keys a constrained proposal may press: enough for real desktop work, nothing that ends the session (no alt+f4).
 HOTKEY_KEYS = (
@@ -112,6 +113,9 @@ FREE_ACTIONS = ("type", "hotkey", "scroll", "wait", "finished")
 _ANY_TEXT = r"(?:[^'\\\x00-\x1f\x7f]|\\[\\'nrt])"
 _LINE = r"[^\x00-\x1f\x7f]"  # a free thought's characters: one line, printable
 _OUTLINE_LINE = re.compile(r"^(?P<line>\S.*) \((?P<x>\d+),(?P<y>\d+)\)$")
+# A string an instruction quotes ("Type 'forest' into …"): quotes that open after a space and close before one or
+# before punctuation, so an apostrophe ("the page's") opens nothing.
+_QUOTED = re.compile(r"(?:^|(?<=[\s(]))'([^'\n]{1,40})'(?=[\s.,;:!?)]|$)")
 
 
 def outline_points(text: str) -> list[tuple[str, int, int]]:
@@ -130,10 +134,30 @@ def _literal(text: str) -> str:
     return "".join(re.escape(c) if c.isascii() else f"(?:{re.escape(c)}|\ufffd{{1,4}})" for c in text)
 
 
-def grounded_regex(outline: str, width: int, height: int, *, thought_chars: int = 120, text_chars: int = 40) -> str:
+def instruction_quotes(instruction: str) -> list[str]:
+    """The strings an instruction quotes, in order and once each: the text a grounded `type` copies."""
+    return list(dict.fromkeys(found.group(1) for found in _QUOTED.finditer(instruction)))
+
+
+def _typed(quotes: Iterable[str]) -> list[str]:
+    """`Thought: I type "<a quoted string>".\\nAction: type(content='<it>')`, each also with the Enter that submits
+    it (`\\n` at the end), the thought written as the demonstrations write it (JSON) and the content as
+    `format_action` does."""
+    forms = []
+    for quote in quotes:
+        for enter in ("", "\n"):
+            thought = _literal(json.dumps(quote + enter, ensure_ascii=False))
+            content = _literal(quoted_text(quote + enter))
+            forms.append(rf"I type {thought}\.\nAction: type\(content='{content}'\)")
+    return forms
+
+
+def grounded_regex(outline: str, width: int, height: int, *, instruction: str = "", thought_chars: int = 120,
+                   text_chars: int = 40) -> str:  # fmt: skip
     """`Thought: I click <an outline line>.\\nAction: click(<its centre>)` for every element the outline lists (and
-    the same for double-click, right-click and drag's start), or a free one-line thought and an action that points
-    at no element (type, hotkey, scroll, wait, finished), every point inside the `width`x`height` model image."""
+    the same for double-click, right-click and drag's start); `Thought: I type "<q>".\\nAction: type(content='<q>')`
+    for every string `q` the instruction quotes; or a free one-line thought and an action that points at no element
+    (type, hotkey, scroll, wait, finished), every point inside the `width`x`height` model image."""
     pointing = []
     for line, x, y in outline_points(outline):
         if not (0 <= x < width and 0 <= y < height):
@@ -141,7 +165,9 @@ def grounded_regex(outline: str, width: int, height: int, *, thought_chars: int 
         for name, verb in GROUNDED_VERBS.items():
             action = action_regex(name, width, height, text_chars=text_chars, text=_ANY_TEXT, first_point=(x, y))
             pointing.append(rf"I {verb} {_literal(line)}\.\nAction: {action}")
+    typed = _typed(instruction_quotes(instruction))
     free = [action_regex(name, width, height, text_chars=text_chars, text=_ANY_TEXT) for name in FREE_ACTIONS]
-    thought = rf"(?!I (?:{'|'.join(GROUNDED_VERBS.values())}) ){_LINE}{{1,{thought_chars}}}"
+    verbs = [*GROUNDED_VERBS.values(), *(["type"] if typed else [])]  # a grounded form's opening is only its own
+    thought = rf"(?!I (?:{'|'.join(verbs)}) ){_LINE}{{1,{thought_chars}}}"
     anything_else = thought + r"\nAction: (?:" + "|".join(free) + ")"
-    return "Thought: (?:" + "|".join([*pointing, anything_else]) + ")"
+    return "Thought: (?:" + "|".join([*pointing, *typed, anything_else]) + ")"

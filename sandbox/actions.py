@@ -561,9 +561,14 @@ def parse_step(text: str) -> ParsedStep:
 # --- formatting ------------------------------------------------------------------------------------------------------
 
 
-def _quote(value: str) -> str:
+def quoted_text(value: str) -> str:
+    """A text value as it stands between an action's quotes: backslash, quote, newline, return and tab escaped."""
     escaped = value.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n").replace("\r", "\\r")
-    return "'" + escaped.replace("\t", "\\t") + "'"
+    return escaped.replace("\t", "\\t")
+
+
+def _quote(value: str) -> str:
+    return "'" + quoted_text(value) + "'"
 
 
 def _coordinate(value: float) -> str:

@@ -12,11 +12,10 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from training.policy.grounding import DECODING_KEY, GROUNDED
+from training.policy.grounding import DECODING_KEY, GROUNDED, INSTRUCTION_HEADING
 from training.policy.tiny import build_tiny_checkpoint
 
 PATCH = 28  # a merged vision token covers 28x28 pixels
-INSTRUCTION_HEADING = "## User Instruction\n"
 
 # The agent's chat template: Qwen2-VL's (training/policy/tiny.py), except that a message holding the computer-use
 # prompt (training/policy/prompts.py COMPUTER_USE) keeps only its instruction, as "Task: …". The prompt's fixed text

@@ -2,6 +2,7 @@
 of the computer-use prompt in training and in serving alike, and an episode with screenshot and outline renders with
 the loss on the model's turns only."""
 
+import io
 import json
 
 import pytest
@@ -136,6 +137,38 @@ def test_grounded_regex_accepts_outlined_clicks_and_free_non_pointing_actions():
     assert not any(pattern.fullmatch(text) for text in refused)
 
 
+def test_grounded_typing_copies_a_string_the_instruction_quotes():
+    """A grounded `type` whose thought opens with "I type" copies a string the instruction quotes (with or without
+    the Enter that submits it); an apostrophe quotes nothing, and another thought keeps typing free."""
+    import regex
+
+    from sandbox.action_regex import grounded_regex, instruction_quotes
+    from training.policy.grounding import grounding_pattern, task_instruction
+
+    assert instruction_quotes("Type 'forest' into the page's City field, then 'Oslo'.") == ["forest", "Oslo"]
+    assert instruction_quotes("Don't click the user's button.") == []
+    pattern = regex.compile(grounded_regex(OUTLINE, 1288, 812, instruction="Search for 'Main St' (press Enter)."))
+    ok = [
+        "Thought: I type \"Main St\".\nAction: type(content='Main St')",
+        "Thought: I type \"Main St\\n\".\nAction: type(content='Main St\\n')",
+        "Thought: Clear the field first.\nAction: type(content='anything')",
+    ]
+    refused = [
+        "Thought: I type \"harbor\".\nAction: type(content='harbor')",
+        "Thought: I type \"Main St\".\nAction: type(content='Main Street')",
+        "Thought: I type \"Main St\\n\".\nAction: type(content='Main St')",
+    ]
+    assert all(pattern.fullmatch(text) for text in ok)
+    assert not any(pattern.fullmatch(text) for text in refused)
+    buffer = io.BytesIO()
+    Image.new("RGB", (64, 64), "gray").save(buffer, "JPEG")
+    messages = build_messages("Type 'forest' into the City field.", [], buffer.getvalue(), observation_text=OUTLINE)
+    assert task_instruction(messages) == "Type 'forest' into the City field."
+    grounded = regex.compile(grounding_pattern(messages, 1288, 812))
+    assert grounded.fullmatch("Thought: I type \"forest\".\nAction: type(content='forest')")
+    assert not grounded.fullmatch("Thought: I type \"piano\".\nAction: type(content='piano')")
+
+
 def test_the_policy_server_decodes_a_grounded_checkpoint_the_same_way(agent):
     """The embedded server reads the rule from the checkpoint (no regex in the request): the live proposals and RFT
     of a grounded agent point only at outlined elements, bounded by the screenshot's own size."""
@@ -152,7 +185,7 @@ def test_the_policy_server_decodes_a_grounded_checkpoint_the_same_way(agent):
     engine = PolicyEngine(agent, threads=1)
     request = ChatRequest(messages=messages, n=4, temperature=1.5, max_tokens=300, seed=1)
     assert engine.prepare(request).processors  # the grounding pattern, built from the last observation
-    pattern = regex.compile(grounded_regex(OUTLINE, 1288, 812))
+    pattern = regex.compile(grounded_regex(OUTLINE, 1288, 812, instruction="Click the button labelled 'Open'."))
     choices = engine.complete(request)["choices"]
     assert len(choices) == 4 and all(pattern.fullmatch(c["message"]["content"]) for c in choices)
     # A caller's generic grammar (live proposals and RFT send one) gives way to the checkpoint's narrower rule.

@@ -1,8 +1,8 @@
 """Grounded decoding for models that ask for it in their config (`action_decoding: "grounded"`, the suite agent's):
 when the newest observation carries a page outline (sandbox/outline.py), the reply may point only at an element it
-lists, named by its line (sandbox.action_regex.grounded_regex). The embedded policy server and the trainer's
-in-process policy both apply it, so serving, evaluation and PPO sample the same way; vLLM takes the same regex as
-`structured_outputs` from a client that builds it here."""
+lists, named by its line, and may type a string the instruction quotes (sandbox.action_regex.grounded_regex). The
+embedded policy server and the trainer's in-process policy both apply it, so serving, evaluation and PPO sample the
+same way; vLLM takes the same regex as `structured_outputs` from a client that builds it here."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from sandbox.action_regex import grounded_regex
 DECODING_KEY = "action_decoding"  # in the checkpoint's config.json
 GROUNDED = "grounded"
 OUTLINE_HEADING = "Interactive elements"
+INSTRUCTION_HEADING = "## User Instruction\n"  # training/policy/prompts.py COMPUTER_USE
 
 
 def is_grounded(config: Any) -> bool:
@@ -36,8 +37,25 @@ def observation_outline(messages: list[dict[str, Any]]) -> str | None:
     return None
 
 
+def task_instruction(messages: list[dict[str, Any]]) -> str:
+    """The task's instruction: the first user message's text (after the computer-use prompt's heading, if any)."""
+    for message in messages:
+        if message.get("role") != "user":
+            continue
+        content = message.get("content")
+        parts = [content] if isinstance(content, str) else [
+            str(p.get("text", "")) for p in content or [] if p.get("type") == "text"
+            and not str(p.get("text", "")).startswith(OUTLINE_HEADING)
+        ]  # fmt: skip
+        text = "\n".join(parts)
+        return text.split(INSTRUCTION_HEADING)[-1].strip()
+    return ""
+
+
 def grounding_pattern(messages: list[dict[str, Any]], width: int, height: int) -> str | None:
     """The regex a grounded model's next reply must match, or None when the observation has no outline (a desktop
-    screenshot): the reply is then free."""
+    screenshot): the reply is then free. Typed text may also copy a string the instruction quotes."""
     outline = observation_outline(messages)
-    return None if outline is None else grounded_regex(outline, width, height)
+    if outline is None:
+        return None
+    return grounded_regex(outline, width, height, instruction=task_instruction(messages))
