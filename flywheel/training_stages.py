@@ -10,6 +10,7 @@ trainer's --out, `log.txt` its output, attempts appended). A rerun after a kille
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -513,7 +514,12 @@ def run_evaluate_stage(iteration: Iteration) -> dict[str, Any]:
     _prepare(iteration, Stage.EVALUATE, where)
     task_file = write_task_file(tasks, where / "heldout.jsonl")
     runs = {"new": model.checkpoint_uri, "parent": base_checkpoint(iteration)}
+    setup = evaluation_setup(iteration, tasks)
     results: dict[str, dict[str, Any]] = {}
+    earlier = _earlier_result(iteration.base_model, setup)
+    if earlier is not None:  # the base was measured the same way when its own iteration evaluated it
+        results["parent"] = earlier
+        runs.pop("parent")
     watch = Watch(iteration, Stage.EVALUATE, where / "none.jsonl", where / "log.txt", total=len(runs))
     for n, (name, checkpoint) in enumerate(runs.items()):
         watch.done = n
@@ -526,7 +532,7 @@ def run_evaluate_stage(iteration: Iteration) -> dict[str, Any]:
             found = _result(where / f"{name}.json")
             if found is None:
                 raise IterationError(f"the evaluation of {name} printed no JSON result (see {where / 'log.txt'})")
-        results[name] = found
+        results[name] = {**found, "setup": setup}
     progress(iteration, Stage.EVALUATE, len(runs), len(runs))
     output: dict[str, Any] = {**results, "model_id": model.pk, "parent_id": iteration.base_model_id}
     _registry("record_evaluation")(model, results["new"], results["parent"])
@@ -534,6 +540,24 @@ def run_evaluate_stage(iteration: Iteration) -> dict[str, Any]:
         output["promoted"] = bool(_registry("auto_promote")(iteration, model))
     output["finished_at"] = timezone.now().isoformat()
     return output
+
+
+def evaluation_setup(iteration: Iteration, tasks: list[Task]) -> str:
+    """A digest of what an evaluation plays: the held-out tasks (id, instruction, setup, evaluator) and the evaluate
+    settings. The same checkpoint measured under the same setup is the same measurement."""
+    settings_ = {k: v for k, v in (iteration.config.get("evaluate") or {}).items() if k != "task_ids"}
+    rows = [[t.pk, t.instruction, t.setup_config, t.evaluator] for t in tasks]
+    payload = json.dumps({"tasks": rows, "settings": settings_}, sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def _earlier_result(base: ModelVersion | None, setup: str) -> dict[str, Any] | None:
+    """The base model's own held-out result when an earlier evaluation measured it under `setup` (the iteration
+    that trained it), marked as reused; None when it must be played again."""
+    found = ((base.evaluation or {}).get("new") or {}) if base is not None else {}
+    if not found or found.get("setup") != setup:
+        return None
+    return {**found, "reused_from_iteration": (base.evaluation or {}).get("iteration")}
 
 
 def _result(path: Path) -> dict[str, Any] | None:

@@ -261,3 +261,27 @@ def test_concurrent_promotions_keep_exactly_one_active_model(transactional_db):
     assert len(rows) >= 2 and rows[0].from_model is None
     for before, after in itertools.pairwise(rows):  # an unbroken chain: each starts where the last one ended
         assert after.from_model_id == before.to_model_id
+
+
+def test_an_evaluation_reuses_the_base_models_result_only_under_the_same_setup():
+    """The evaluate stage plays the base model again only when its own evaluation measured something else: other
+    held-out tasks, another evaluator, other settings (flywheel.training_stages.evaluation_setup)."""
+    from annotation_app.models import Task
+    from flywheel.training_stages import _earlier_result, evaluation_setup
+
+    evaluator = {"func": "check_include_exclude", "result": {"type": "vm_command_line", "command": "ls"},
+                 "expected": {"type": "rule", "rules": {"include": ["x"]}}}  # fmt: skip
+    tasks = [Task.objects.create(external_id=f"held-{n}", instruction=f"Task {n}", domain="os", evaluator=evaluator,
+                                 metadata={"split": "heldout"}) for n in range(2)]  # fmt: skip
+    greedy = Iteration(config={"evaluate": {"episodes": 2, "temperature": 0.0, "seed": 0}})
+    setup = evaluation_setup(greedy, tasks)
+    base = ModelVersion.objects.create(name="base-eval", checkpoint_uri="/models/base")
+    assert _earlier_result(base, setup) is None  # never evaluated
+    base.evaluation = {"new": {"success_rate": 0.5, "setup": setup}, "iteration": 7}
+    assert _earlier_result(base, setup) == {"success_rate": 0.5, "setup": setup, "reused_from_iteration": 7}
+    assert _earlier_result(None, setup) is None
+    sampled = Iteration(config={"evaluate": {"episodes": 2, "temperature": 1.0, "seed": 0}})
+    assert _earlier_result(base, evaluation_setup(sampled, tasks)) is None
+    assert _earlier_result(base, evaluation_setup(greedy, tasks[:1])) is None
+    tasks[1].evaluator = {**evaluator, "expected": {"type": "rule", "rules": {"include": ["y"]}}}
+    assert _earlier_result(base, evaluation_setup(greedy, tasks)) is None
