@@ -104,12 +104,15 @@ def make_plan(*, quick: bool = False, seed: int = 0, families: list[str] | None 
         raise DemoError("iterations must be from 0 to 10")
     preset = agent_preset()
     small = preset == "tiny-cpu"  # the random tiny model: only the mechanics, so keep its runs short
+    # The agent's SFT runs a fixed number of epochs over the whole SFT store each iteration, from the promoted model;
+    # PPO is one (quick) or two short rounds. Level-1 instances take the oracle 2-4 steps, so episodes stop at 4 or 6.
+    agent_train = {"sft": {"epochs": 10 if quick else 8}, "ppo": {"iterations": 1 if quick else 2}}
     plan = DemoPlan(
         seed=seed, families=chosen, iterations=iterations, quick=quick, preset=preset,
-        train_per_family=10 if quick else 15, heldout_per_family=5,
+        train_per_family=20 if quick else 15, heldout_per_family=5,
         annotate_per_iteration=4 if quick else 12, rft_tasks_per_iteration=4 if quick else 12,
-        rft_attempts=1 if quick else 2, max_steps=6 if quick else 8,
-        train={"ppo": {"env": "sandbox:max_steps=4", "iterations": 1}} if small else {},
+        rft_attempts=1 if quick else 2, max_steps=4 if quick else 6,
+        train={"ppo": {"env": "sandbox:max_steps=4", "iterations": 1}} if small else agent_train,
         evaluate={"max_new_tokens": 64} if small else {},
         rft={"max_tokens": 64} if small else {},
     )  # fmt: skip
