@@ -68,6 +68,7 @@ class DemoPlan:
     levels: tuple[int, ...] = (1,)
     train_per_family: int = 6
     heldout_per_family: int = 4
+    bootstrap_per_family: int | None = None  # training instances with an oracle demonstration (None: all of them)
     demos_per_task: int = 1
     annotate_per_iteration: int = 6  # training tasks the simulated annotators do live per iteration
     annotators: int = 2
@@ -106,11 +107,13 @@ def make_plan(*, quick: bool = False, seed: int = 0, families: list[str] | None 
     small = preset == "tiny-cpu"  # the random tiny model: only the mechanics, so keep its runs short
     # The agent's SFT runs a fixed number of epochs over the whole SFT store each iteration, from the promoted model;
     # PPO is one (quick) or two short rounds. Level-1 instances take the oracle 2-4 steps, so episodes stop at 4 or 6.
-    agent_train = {"sft": {"epochs": 10 if quick else 8}, "ppo": {"iterations": 1 if quick else 2}}
+    # The bootstrap is a few demonstrations per family; each iteration's annotation and RFT then bring tasks the
+    # model has not seen, so what it gains comes from the flywheel's own new data.
+    agent_train = {"sft": {"epochs": 10}, "ppo": {"iterations": 1 if quick else 2}}
     plan = DemoPlan(
         seed=seed, families=chosen, iterations=iterations, quick=quick, preset=preset,
-        train_per_family=20 if quick else 15, heldout_per_family=5,
-        annotate_per_iteration=4 if quick else 12, rft_tasks_per_iteration=4 if quick else 12,
+        train_per_family=20 if quick else 24, heldout_per_family=5 if quick else 8, bootstrap_per_family=8,
+        annotate_per_iteration=6 if quick else 24, rft_tasks_per_iteration=6 if quick else 16,
         rft_attempts=1 if quick else 2, max_steps=4 if quick else 6,
         train={"ppo": {"env": "sandbox:max_steps=4", "iterations": 1}} if small else agent_train,
         evaluate={"max_new_tokens": 64} if small else {},
@@ -368,6 +371,24 @@ BOOTSTRAP_STAGES = [Stage.VALIDATE, Stage.EXPORT, Stage.SFT, Stage.EVALUATE]
 LOOP_STAGES = [Stage.RFT, Stage.VALIDATE, Stage.EXPORT, Stage.SFT, Stage.PPO, Stage.EVALUATE]
 
 
+def interleave(tasks: list[Task]) -> list[Task]:
+    """The tasks round-robin by family (metadata.suite), each family's in their order: any prefix is balanced."""
+    by_family: dict[str, list[Task]] = {}
+    for task in tasks:
+        by_family.setdefault(str((task.metadata or {}).get("suite")), []).append(task)
+    columns = list(by_family.values())
+    return [column[n] for n in range(max(map(len, columns), default=0)) for column in columns if n < len(column)]
+
+
+def split_training(plan: DemoPlan, train: list[Task]) -> tuple[list[Task], list[Task]]:
+    """The bootstrap's tasks (`bootstrap_per_family` of each family) and the rest, which the iterations' annotation
+    and RFT go through first (both interleaved by family)."""
+    mixed = interleave(train)
+    families = len({(t.metadata or {}).get("suite") for t in train})
+    cut = len(mixed) if plan.bootstrap_per_family is None else plan.bootstrap_per_family * families
+    return mixed[:cut], mixed[cut:] or mixed
+
+
 def rotate(tasks: list[Task], count: int, offset: int) -> list[Task]:
     """`count` tasks from `tasks`, starting at `offset` and wrapping: each iteration takes the next ones."""
     if not tasks or count <= 0:
@@ -382,12 +403,15 @@ def run_demo(plan: DemoPlan, base_url: str, progress: Progress) -> ModelVersion:
         raise DemoError("the plan has no training or no held-out tasks")
     root = untrained_agent(plan)
     progress("bootstrap", 0, 0, None)
-    record_demonstrations(plan, train, root, progress)
+    bootstrap, fresh = split_training(plan, train)
+    record_demonstrations(plan, bootstrap, root, progress)
     run_flywheel(plan, root, BOOTSTRAP_STAGES, iteration_config(plan, train, heldout, []), 0, progress)
+    per_iteration = plan.annotate_per_iteration + plan.rft_tasks_per_iteration
     for number in range(1, plan.iterations + 1):
-        annotated = rotate(train, plan.annotate_per_iteration, (number - 1) * plan.annotate_per_iteration)
+        offset = (number - 1) * per_iteration
+        annotated = rotate(fresh, plan.annotate_per_iteration, offset)
         annotate(plan, base_url, annotated, number, progress)
-        sampled = rotate(train, plan.rft_tasks_per_iteration, number * plan.rft_tasks_per_iteration)
+        sampled = rotate(fresh, plan.rft_tasks_per_iteration, offset + plan.annotate_per_iteration)
         config = iteration_config(plan, train, heldout, sampled)
         run_flywheel(plan, active_model(root), LOOP_STAGES, config, number, progress)
     progress("report", plan.iterations, 1, 1)

@@ -126,7 +126,12 @@ def iteration_row(iteration: Iteration, number: int) -> dict[str, Any]:
         "validate": len(validated),
         "export": sum(v.added_count for v in versions.values()),
         "sft": versions["sft"].row_count if "sft" in versions else None,
-        "evaluate": sum(int((evaluate.get(side) or {}).get("episodes", 0)) for side in ("new", "parent")) or None,
+        "evaluate": sum(
+            int(played.get("episodes", 0))
+            for played in (evaluate.get(side) or {} for side in ("new", "parent"))
+            if "reused_from_iteration" not in played
+        )
+        or None,  # a reused result was not played again
     }
     for name in iteration.selected_stages:
         entry = stages.get(name) or {}

@@ -24,6 +24,19 @@ def test_plans():
     assert [t for t in rotate([1, 2, 3], 2, 2)] == [3, 1] and rotate([], 2, 0) == []
 
 
+def test_the_bootstrap_takes_a_few_tasks_per_family_and_the_iterations_the_rest():
+    from types import SimpleNamespace
+
+    from flywheel.demo import interleave, split_training
+
+    tasks = [SimpleNamespace(pk=n, metadata={"suite": family}) for n, family in enumerate("aaaabbbbcc")]
+    assert [t.pk for t in interleave(tasks)] == [0, 4, 8, 1, 5, 9, 2, 6, 3, 7]
+    bootstrap, fresh = split_training(make_plan(families=["click-button"], bootstrap_per_family=2), tasks)
+    assert [t.pk for t in bootstrap] == [0, 4, 8, 1, 5, 9] and [t.pk for t in fresh] == [2, 6, 3, 7]
+    everything, again = split_training(make_plan(families=["click-button"], bootstrap_per_family=None), tasks)
+    assert len(everything) == 10 and len(again) == 10  # nothing left over: the iterations go through them again
+
+
 def test_the_command_names_what_is_not_running(settings, db):
     closed = free_port()
     settings.SANDBOX_URL = f"http://127.0.0.1:{closed}"
