@@ -209,6 +209,7 @@ class StepRecorder:
         self, reply: str, feedback: Feedback, before: bytes, settle: dict[str, Any], outline: list[Any] | None = None
     ) -> None:
         info = feedback.info
+        reply = reply.replace("\x00", "\ufffd")  # PostgreSQL's text and jsonb refuse NUL, which free decoding can write
         if info.get("truncated") and "session_lost" not in info:  # out of steps: SandboxEnv did not run this reply
             self.truncated = True
             return

@@ -273,3 +273,19 @@ def test_every_attempt_failing_fails_the_stage_with_the_first_error(
     assert PolicyError.__name__ in str(error.value)
     assert rollouts_of(iteration).get().status == Trajectory.Status.ABANDONED
     assert live_leases(live_settings) == 0
+
+
+@pytest.mark.django_db
+def test_a_reply_with_nul_is_stored_with_replacement_characters(media):
+    """Free decoding (`constrain: false`) can write NUL, which PostgreSQL's text and jsonb refuse: the step is stored
+    with U+FFFD in its place, and the trajectory keeps its step instead of failing the attempt."""
+    from flywheel.rft_attempt import StepRecorder
+    from training.envs import Feedback
+
+    task = demo_task("demo2-date")
+    trajectory = Trajectory.objects.create(task=task, mode=Trajectory.Mode.ROLLOUT, simulated=True)
+    recorder = StepRecorder(trajectory, client=None, model_id=None)  # type: ignore[arg-type]
+    recorder.record("Thought: odd\x00 bytes\nAction: nonsense(\x00)", Feedback(None, 0.0, False, {}), b"jpeg", {})
+    (step,) = Step.objects.filter(trajectory=trajectory)
+    assert step.thought == "odd\ufffd bytes" and step.action_text == "nonsense(\ufffd)"
+    assert "\x00" not in step.thought + step.action_text and recorder.problems
