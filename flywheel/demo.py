@@ -196,6 +196,7 @@ def untrained_agent(plan: DemoPlan) -> ModelVersion:
     stamp = timezone.now().strftime("%Y%m%d-%H%M%S")
     name = f"{ROOT_PREFIX}-s{plan.seed}-{stamp}"
     checkpoint = build_untrained(runs_root() / "demo" / name, plan.seed)
+    release_earlier_demonstrations()
     problem = registry.load_into_embedded_server(name, str(checkpoint))
     if problem:
         raise DemoError(f"the policy server cannot serve the untrained agent: {problem} (start it with "
@@ -206,6 +207,17 @@ def untrained_agent(plan: DemoPlan) -> ModelVersion:
     )  # fmt: skip
     registry.promote(model, by=None, reason="flywheel demonstration: the untrained agent starts")
     return model
+
+
+def release_earlier_demonstrations() -> None:
+    """Unload earlier demonstrations' models from the embedded policy server, all but the active one: the server
+    holds a few models at once (--max-models) and keeps them across restarts, so a second run found it full."""
+    from .demo_report import lineage, roots
+
+    for root in roots():
+        for model in lineage(root):
+            if not model.is_active and model.served_name and model.endpoint_url == settings.EMBEDDED_POLICY_URL:
+                registry.unload_from_embedded_server(model.served_name)
 
 
 def json_plan(plan: DemoPlan) -> str:

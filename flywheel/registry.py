@@ -58,15 +58,25 @@ def load_into_embedded_server(name: str, checkpoint: str, *, replace: bool = Fal
     that cannot be loaded is still registered."""
     base, key = settings.EMBEDDED_POLICY_URL, settings.POLICY_API_KEY
     if replace:
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        try:
-            httpx.delete(f"{base.rstrip('/')}/models/{name}", headers=headers, timeout=settings.POLICY_TIMEOUT_S)
-        except httpx.HTTPError as exc:
-            return f"the embedded policy server did not answer DELETE /models/{name} ({exc or type(exc).__name__})"
+        problem = unload_from_embedded_server(name)
+        if problem:
+            return problem
     try:
         load_model(base, name, checkpoint, api_key=key)
     except PolicyError as exc:
         return str(exc)
+    return None
+
+
+def unload_from_embedded_server(name: str) -> str | None:
+    """Have the embedded policy server drop `name` (DELETE /models/<name>; a name it does not serve is no error).
+    None when it answered, else why not."""
+    base, key = settings.EMBEDDED_POLICY_URL, settings.POLICY_API_KEY
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        httpx.delete(f"{base.rstrip('/')}/models/{name}", headers=headers, timeout=settings.POLICY_TIMEOUT_S)
+    except httpx.HTTPError as exc:
+        return f"the embedded policy server did not answer DELETE /models/{name} ({exc or type(exc).__name__})"
     return None
 
 
