@@ -285,3 +285,25 @@ def test_an_evaluation_reuses_the_base_models_result_only_under_the_same_setup()
     assert _earlier_result(base, evaluation_setup(greedy, tasks[:1])) is None
     tasks[1].evaluator = {**evaluator, "expected": {"type": "rule", "rules": {"include": ["y"]}}}
     assert _earlier_result(base, evaluation_setup(greedy, tasks)) is None
+
+
+def test_a_new_demonstration_unloads_earlier_ones_models_but_the_active_one(settings, policy_server, models_root):
+    """The server keeps what it served across restarts and holds at most --max-models: a demonstration frees the
+    earlier demonstrations' models before it loads its own (flywheel.demo.release_earlier_demonstrations)."""
+    from flywheel.demo import ROOT_PREFIX, release_earlier_demonstrations
+
+    settings.EMBEDDED_POLICY_URL = policy_server
+    checkpoint = str(models_root / "iteration-1" / "sft" / "model")
+    root = ModelVersion.objects.create(name=f"{ROOT_PREFIX}-s0-old", checkpoint_uri=checkpoint)
+    trained = ModelVersion.objects.create(name="old-demo-sft", checkpoint_uri=checkpoint, parent=root)
+    active = ModelVersion.objects.create(name="old-demo-ppo", checkpoint_uri=checkpoint, parent=trained)
+    other = ModelVersion.objects.create(name="an-engineers-model", checkpoint_uri=checkpoint)
+    for model in (root, trained, active, other):
+        assert registry.load_into_embedded_server(model.name, checkpoint) is None
+        ModelVersion.objects.filter(pk=model.pk).update(endpoint_url=policy_server, served_name=model.name)
+    ModelVersion.objects.filter(pk=active.pk).update(is_active=True)
+
+    release_earlier_demonstrations()
+    served = {card["id"] for card in httpx.get(f"{policy_server}/models").json()["data"]}
+    assert {"old-demo-ppo", "an-engineers-model"} <= served
+    assert not served & {root.name, "old-demo-sft"}
