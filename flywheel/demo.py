@@ -69,6 +69,7 @@ class DemoPlan:
     train_per_family: int = 6
     heldout_per_family: int = 4
     bootstrap_per_family: int | None = None  # training instances with an oracle demonstration (None: all of them)
+    retrain: bool = True  # each iteration trains the untrained agent on the whole store (else the promoted model)
     demos_per_task: int = 1
     annotate_per_iteration: int = 6  # training tasks the simulated annotators do live per iteration
     annotators: int = 2
@@ -108,12 +109,14 @@ def make_plan(*, quick: bool = False, seed: int = 0, families: list[str] | None 
     # The agent's SFT runs a fixed number of epochs over the whole SFT store each iteration, from the promoted model;
     # PPO is one (quick) or two short rounds. Level-1 instances take the oracle 2-4 steps, so episodes stop at 4 or 6.
     # The bootstrap is a few demonstrations per family; each iteration's annotation and RFT then bring tasks the
-    # model has not seen, so what it gains comes from the flywheel's own new data.
-    agent_train = {"sft": {"epochs": 10}, "ppo": {"iterations": 1 if quick else 2}}
+    # model has not seen. Every iteration retrains the untrained agent with the same number of SFT steps on the whole
+    # store (then a short PPO), so what a model gains over the one before comes from the flywheel's new data.
+    ppo = {"iterations": 1, "episodes_per_step": 4} if quick else {"iterations": 1}
+    agent_train = {"sft": {"epochs": 1000, "max_steps": 120 if quick else 200}, "ppo": ppo}
     plan = DemoPlan(
         seed=seed, families=chosen, iterations=iterations, quick=quick, preset=preset,
-        train_per_family=20 if quick else 24, heldout_per_family=5 if quick else 8, bootstrap_per_family=8,
-        annotate_per_iteration=6 if quick else 24, rft_tasks_per_iteration=6 if quick else 16,
+        train_per_family=20 if quick else 24, heldout_per_family=4 if quick else 8, bootstrap_per_family=4,
+        annotate_per_iteration=4 if quick else 24, rft_tasks_per_iteration=4 if quick else 16,
         rft_attempts=1 if quick else 2, max_steps=4 if quick else 6,
         train={"ppo": {"env": "sandbox:max_steps=4", "iterations": 1}} if small else agent_train,
         evaluate={"max_new_tokens": 64} if small else {},
@@ -336,12 +339,15 @@ def annotate(plan: DemoPlan, base_url: str, tasks: list[Task], iteration: int, p
 # --- 5. the flywheel's iterations ------------------------------------------------------------------------------------
 
 
-def iteration_config(plan: DemoPlan, train: list[Task], heldout: list[Task], rft_tasks: list[Task]) -> dict[str, Any]:
-    """The iteration's config: the agent's preset, PPO on the demonstration's training tasks, evaluation on its
-    held-out tasks only (each once, greedy), RFT on this iteration's share of training tasks, automatic promotion."""
+def iteration_config(plan: DemoPlan, train: list[Task], heldout: list[Task], rft_tasks: list[Task],
+                     start_from: ModelVersion | None = None) -> dict[str, Any]:  # fmt: skip
+    """The iteration's config: the agent's preset, training from `start_from` (else the base model), PPO on the
+    demonstration's training tasks, evaluation on its held-out tasks only (each once, greedy), RFT on this
+    iteration's share of training tasks, automatic promotion."""
+    start = {"start_from": start_from.pk} if start_from is not None and plan.retrain else {}
     config: dict[str, Any] = {
         "v": {"threshold": 0.5},
-        "train": {"preset": plan.preset, "tasks": {"ids": [t.pk for t in train]}, **plan.train},
+        "train": {"preset": plan.preset, "tasks": {"ids": [t.pk for t in train]}, **start, **plan.train},
         "evaluate": {"episodes": len(heldout), "task_ids": [t.pk for t in heldout], "temperature": 0.0,
                      "seed": 0, "env": f"sandbox:max_steps={plan.max_steps}", **plan.evaluate},
         "promote": "auto",
@@ -424,7 +430,7 @@ def run_demo(plan: DemoPlan, base_url: str, progress: Progress) -> ModelVersion:
         annotated = rotate(fresh, plan.annotate_per_iteration, offset)
         annotate(plan, base_url, annotated, number, progress)
         sampled = rotate(fresh, plan.rft_tasks_per_iteration, offset + plan.annotate_per_iteration)
-        config = iteration_config(plan, train, heldout, sampled)
+        config = iteration_config(plan, train, heldout, sampled, start_from=root)
         run_flywheel(plan, active_model(root), LOOP_STAGES, config, number, progress)
     progress("report", plan.iterations, 1, 1)
     return root

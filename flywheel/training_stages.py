@@ -155,9 +155,11 @@ def check_train_config(raw: dict[str, Any] | None) -> dict[str, Any]:
     """config["train"] with defaults: {"preset", "nproc", "ct"|"sft"|"value"|"ppo": {trainer option: value},
     "tasks": {"ids", "domains"}}; ValueError says what is wrong."""
     raw = dict(raw or {})
-    unknown = sorted(set(raw) - {"preset", "nproc", "tasks", *TRAINING})
+    unknown = sorted(set(raw) - {"preset", "nproc", "tasks", "start_from", *TRAINING})
     if unknown:
-        raise ValueError(f"unknown key(s) {', '.join(unknown)} (known: preset, nproc, tasks, ct, sft, value, ppo)")
+        raise ValueError(
+            f"unknown key(s) {', '.join(unknown)} (known: preset, nproc, tasks, start_from, ct, sft, value, ppo)"
+        )
     preset = raw.get("preset", "default")
     if preset not in PRESETS:
         raise ValueError(f"preset must be one of {', '.join(PRESETS)}")
@@ -165,6 +167,13 @@ def check_train_config(raw: dict[str, Any] | None) -> dict[str, Any]:
     if not isinstance(nproc, int) or isinstance(nproc, bool) or not 1 <= nproc <= 64:
         raise ValueError("nproc must be a whole number from 1 to 64 (processes per training run; >1 uses torchrun)")
     out: dict[str, Any] = {"preset": preset, "nproc": nproc, "tasks": _check_tasks(raw.get("tasks"), "tasks")}
+    start = raw.get("start_from")
+    if start is not None:
+        if not isinstance(start, int) or isinstance(start, bool):
+            raise ValueError("start_from must be a model id (the checkpoint training starts from instead of the base)")
+        if not ModelVersion.objects.filter(pk=start).exclude(checkpoint_uri="").exists():
+            raise ValueError(f"start_from: no model {start} with a checkpoint")
+        out["start_from"] = start
     for stage in TRAINING:
         overrides = raw.get(stage) or {}
         if not isinstance(overrides, dict):
@@ -279,13 +288,22 @@ def base_checkpoint(iteration: Iteration) -> str:
 
 
 def policy_input(iteration: Iteration, stage: str) -> str:
-    """The policy a stage starts from: the previous selected stage of CT → SFT → PPO, else the base model."""
+    """The policy a stage starts from: the previous selected stage of CT → SFT → PPO, else `train.start_from`'s
+    checkpoint, else the base model."""
     chain = [s for s in MODEL_CHAIN if s in iteration.selected_stages]
     if stage == Stage.VALUE:  # fits the critic for the policy PPO will start from
         earlier = [s for s in chain if s != Stage.PPO]
     else:
         earlier = chain[: chain.index(stage)] if stage in chain else chain
-    return str(output_of(iteration, earlier[-1])) if earlier else base_checkpoint(iteration)
+    if earlier:
+        return str(output_of(iteration, earlier[-1]))
+    start = (iteration.config.get("train") or {}).get("start_from")
+    if start is not None:  # retraining: e.g. the untrained agent on the whole store, not the base's weights
+        model = ModelVersion.objects.filter(pk=start).first()
+        if model is None or not model.checkpoint_uri:
+            raise IterationError(f"train.start_from: model {start} is gone or has no checkpoint")
+        return model.checkpoint_uri
+    return base_checkpoint(iteration)
 
 
 def last_of_chain(iteration: Iteration) -> str | None:

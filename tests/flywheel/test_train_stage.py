@@ -112,6 +112,21 @@ def test_the_command_follows_the_model_chain_and_the_preset(media, runs, tiny_pa
     assert value[value.index("--model") + 1] == sft_final and "--no-resume" in value
 
 
+def test_retraining_starts_the_chain_from_another_model_than_the_base(media, runs, tiny_path):
+    """`train.start_from`: the chain's first stage starts from that model's checkpoint (the demonstration retrains
+    its untrained agent on the whole store); the base model stays the iteration's base (RFT, lineage)."""
+    base = tiny_base(tiny_path)
+    start = ModelVersion.objects.create(name="untrained", checkpoint_uri="/models/untrained")
+    DatasetVersion.objects.create(kind="sft", number=1, manifest={"root": "x", "files": []})
+    config = {**CONFIG, "train": {"preset": "tiny-cpu", "start_from": start.pk}}
+    iteration = start_iteration(None, base_model=base, stages=["sft"], config=config, enqueue=False)
+    sft = training_command(iteration, "sft", resume=False)
+    assert sft[sft.index("--model") + 1] == "/models/untrained" and iteration.base_model == base
+    for bad, message in ((True, "must be a model id"), ("3", "must be a model id"), (10**9, "no model")):
+        with pytest.raises(ValueError, match=message):
+            check_train_config({"start_from": bad})
+
+
 @pytest.mark.parametrize(
     ("stages", "config", "message"),
     [
