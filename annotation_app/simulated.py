@@ -26,6 +26,7 @@ from rest_framework.authtoken.models import Token
 from sandbox import suite
 from sandbox.actions import format_actions, parse_actions
 from sandbox.coordinates import ScreenMapping, map_points, mapping_for
+from sandbox.suite.demos import demonstration_turn
 from sandbox.suite.run import read_state
 
 from . import task_queue
@@ -39,10 +40,6 @@ NAME = "sim-annotator-{}"
 POLL_S = 0.2  # how often the state is polled while the desktop starts or the model proposes
 START_TIMEOUT_S = 300.0  # a desktop starting on a loaded machine
 PROPOSAL_TIMEOUT_S = 180.0  # after this, the step is taken without proposals (counted as no_proposals)
-VERBS = {
-    "click": "Click", "left_double": "Double-click", "right_single": "Right-click", "drag": "Drag", "type": "Type",
-    "hotkey": "Press", "scroll": "Scroll", "finished": "The task is done", "wait": "Wait",
-}  # fmt: skip
 
 
 # --- server side: the users, the named task, the ground truth ---------------------------------------------------------
@@ -113,6 +110,11 @@ def oracle_state(session: LiveSession) -> dict[str, Any]:
         raise Conflict(f"The session's state could not be read: {exc}") from exc
     finally:
         client.close()
+    outline = session.observation_outline  # what the proposals were made on, else the page's outline now
+    if outline is None:
+        from .live.sessions import page_outline
+
+        outline = page_outline(session)[1]
     return {
         "trajectory": session.trajectory_id,
         "next_index": session.next_index,
@@ -123,6 +125,7 @@ def oracle_state(session: LiveSession) -> dict[str, Any]:
         "model_width": session.model_width,
         "model_height": session.model_height,
         "state": state,
+        "outline": outline or [],
     }
 
 
@@ -264,14 +267,14 @@ class Annotator:
         if not candidates:
             result["no_proposals"] += 1
         if draw < self.mistake_rate and not right.startswith("finished("):
-            body |= override(suite.wrong_action(family, task, page), frame)
+            body |= override(suite.wrong_action(family, task, page), frame, truth.get("outline"))
             result["mistakes"] += 1
             result["overridden"] += bool(candidates)
         elif (choice := agreeing(candidates, family, task, page, frame)) is not None:
             body["candidate"] = choice
             result["accepted"] += 1
         else:
-            body |= override(right, frame)
+            body |= override(right, frame, truth.get("outline"))
             result["overridden"] += bool(candidates)
         answer = self.call("POST", f"/api/live/{pk}/step/", json=body)
         result["steps"] += 1
@@ -301,11 +304,15 @@ def agreeing(
     return None
 
 
-def override(action_text: str, frame: ScreenMapping) -> dict[str, str]:
-    """An override's body: the oracle's screen-pixel action in the model frame the API takes, and a short thought."""
-    actions = parse_actions(action_text)
-    thought = "; ".join(f"{VERBS.get(a.name, a.name)}." for a in actions) if actions else ""
-    return {"thought": thought, "action_text": format_actions(map_points(actions, frame.to_model))}
+def override(action_text: str, frame: ScreenMapping, outline: list[dict[str, Any]] | None = None) -> dict[str, str]:
+    """An override's body: the oracle's screen-pixel action in the model frame the API takes, with the thought and
+    the point the bootstrap demonstrations use (sandbox.suite.demos.demonstration_turn: a click on an element of
+    the page's outline names it and goes to its centre), so the SFT store holds one way of writing a step."""
+    from sandbox.outline import parse
+
+    elements = parse({"elements": outline or []})
+    thought, model_action = demonstration_turn(action_text, frame, elements)
+    return {"thought": thought, "action_text": model_action}
 
 
 # --- figures ----------------------------------------------------------------------------------------------------------

@@ -27,7 +27,6 @@ from annotation_app.evaluation import evaluate_trajectory
 from annotation_app.live.sessions import sandbox_as
 from annotation_app.models import Step, Task, Trajectory
 from annotation_app.task_import import import_tasks
-from sandbox.actions import format_actions
 from sandbox.suite import families as suite_families
 from sandbox.suite import suite_tasks
 from sandbox.suite.run import read_state
@@ -236,16 +235,13 @@ def oracle_reply(client: RecordingClient, session: str, task: Task) -> Reply:
     """The oracle's next action for the session's state as a model turn, in the model's frame and with the thought
     the agent's own demonstrations use (sandbox/suite/demos.py: clicks at the centre the page's outline shows)."""
     from sandbox.suite import oracle_action
-    from sandbox.suite.demos import _to_model, thought_for
+    from sandbox.suite.demos import demonstration_turn
 
     action = oracle_action((task.metadata or {}).get("suite"), task, read_state(client.client, session, task))
-    mapping = client.mapping
     outlined = client.kind == "browser" and hasattr(client.client, "outline")
     elements = client.client.outline(session) if outlined else []
-    scale = (mapping.model_size[0] / mapping.screen_width, mapping.model_size[1] / mapping.screen_height)
-    actions = _to_model(action, mapping, elements)
-    thought = thought_for(actions[0], elements, scale if outlined else (1.0, 1.0))
-    return Reply(f"Thought: {thought}\nAction: {format_actions(actions)}")
+    thought, action_text = demonstration_turn(action, client.mapping, elements)
+    return Reply(f"Thought: {thought}\nAction: {action_text}")
 
 
 def record_demonstration(task_id: int, attempt: int, root_id: int, max_steps: int, gate: CapacityGate) -> int | None:

@@ -74,6 +74,14 @@ def _to_model(action_text: str, mapping: ScreenMapping, elements: list[Element])
     return [map_points([a], to_model if a.name in clicks else mapping.to_model)[0] for a in parse_actions(action_text)]
 
 
+def demonstration_turn(action_text: str, mapping: ScreenMapping, elements: list[Element]) -> tuple[str, str]:
+    """The oracle's screen-pixel action as the agent's demonstrations write it: (thought, model-frame action text),
+    a click on an outlined element sent to the centre its line shows and named by that line."""
+    scale = (mapping.model_size[0] / mapping.screen_width, mapping.model_size[1] / mapping.screen_height)
+    actions = _to_model(action_text, mapping, elements)
+    return thought_for(actions[0], elements, scale if elements else (1.0, 1.0)), format_actions(actions)
+
+
 def _observation(image: str, text: str | None) -> dict[str, Any]:
     """A user message as SandboxEnv writes it: the screenshot, then the outline when the session has one."""
     content: list[dict[str, Any]] = [{"type": "image", "image": image}]

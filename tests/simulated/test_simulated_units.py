@@ -135,3 +135,22 @@ def test_live_trajectories_of_simulated_annotators_are_labelled_everywhere(db, m
     assert 'class="pill simulated"' not in client.get(reverse("trajectory", args=[by_person.pk])).content.decode()
     admin = client.get(reverse("admin:annotation_app_trajectory_changelist"), {"simulated__exact": "1"})
     assert admin.status_code == 200 and [t.pk for t in admin.context["cl"].result_list] == [by_sim.pk]
+
+
+def test_an_override_is_written_as_the_demonstrations_are():
+    """The simulated annotator's own action reads like a bootstrap demonstration: a click on an outlined element
+    names its line and goes to its centre in the model frame; without an outline the point is only mapped."""
+    from annotation_app.simulated import override
+    from sandbox.coordinates import mapping_for
+
+    frame = mapping_for(1280, 800, 1288, 812)
+    outline = [{"role": "button", "text": "Save", "value": None, "checked": None, "focused": False,
+                "x": 100.0, "y": 200.0, "w": 80.0, "h": 40.0}]  # fmt: skip
+    body = override("click(start_box='(110,205)')", frame, outline)
+    assert body == {"thought": 'I click button "Save" (141,223).',
+                    "action_text": "click(start_box='<|box_start|>(141,223)<|box_end|>')"}  # fmt: skip
+    typed = override("type(content='forest\\n')", frame, outline)
+    assert typed["thought"] == 'I type "forest\\n".' and typed["action_text"] == "type(content='forest\\n')"
+    bare = override("click(start_box='(110,205)')", frame, [])
+    assert bare["thought"] == "I click the target."
+    assert bare["action_text"] == "click(start_box='<|box_start|>(111,208)<|box_end|>')"
