@@ -293,6 +293,9 @@ def test_a_new_demonstration_unloads_earlier_ones_models_but_the_active_one(sett
     from flywheel.demo import ROOT_PREFIX, release_earlier_demonstrations
 
     settings.EMBEDDED_POLICY_URL = policy_server
+    for card in httpx.get(f"{policy_server}/models").json()["data"]:  # the module's server: earlier tests' models
+        if card["id"] != "base":
+            assert registry.unload_from_embedded_server(card["id"]) is None
     checkpoint = str(models_root / "iteration-1" / "sft" / "model")
     root = ModelVersion.objects.create(name=f"{ROOT_PREFIX}-s0-old", checkpoint_uri=checkpoint)
     trained = ModelVersion.objects.create(name="old-demo-sft", checkpoint_uri=checkpoint, parent=root)
