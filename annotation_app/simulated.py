@@ -26,6 +26,7 @@ from rest_framework.authtoken.models import Token
 from sandbox import suite
 from sandbox.actions import format_actions, parse_actions
 from sandbox.coordinates import ScreenMapping, map_points, mapping_for
+from sandbox.outline import parse as parse_outline
 from sandbox.suite.demos import demonstration_turn
 from sandbox.suite.run import read_state
 
@@ -112,9 +113,7 @@ def oracle_state(session: LiveSession) -> dict[str, Any]:
         client.close()
     outline = session.observation_outline  # what the proposals were made on, else the page's outline now
     if outline is None:
-        from .live.sessions import page_outline
-
-        outline = page_outline(session)[1]
+        outline = live.page_outline(session)[1]
     return {
         "trajectory": session.trajectory_id,
         "next_index": session.next_index,
@@ -308,9 +307,7 @@ def override(action_text: str, frame: ScreenMapping, outline: list[dict[str, Any
     """An override's body: the oracle's screen-pixel action in the model frame the API takes, with the thought and
     the point the bootstrap demonstrations use (sandbox.suite.demos.demonstration_turn: a click on an element of
     the page's outline names it and goes to its centre), so the SFT store holds one way of writing a step."""
-    from sandbox.outline import parse
-
-    elements = parse({"elements": outline or []})
+    elements = parse_outline({"elements": outline or []})
     thought, model_action = demonstration_turn(action_text, frame, elements)
     return {"thought": thought, "action_text": model_action}
 

@@ -105,12 +105,12 @@ def make_plan(*, quick: bool = False, seed: int = 0, families: list[str] | None 
         raise DemoError("iterations must be from 0 to 10")
     preset = agent_preset()
     small = preset == "tiny-cpu"  # the random tiny model: only the mechanics, so keep its runs short
-    # The agent's SFT runs a fixed number of epochs over the whole SFT store each iteration, from the promoted model;
-    # PPO is one (quick) or two short rounds. Level-1 instances take the oracle 2-4 steps, so episodes stop at 4 or 6.
-    # The bootstrap is a few demonstrations per family; each iteration's annotation and RFT then bring tasks the
-    # model has not seen. Every iteration retrains the untrained agent with the same number of SFT steps on the whole
-    # store (then a short PPO), so what a model gains over the one before comes from the flywheel's new data.
+    # Level-1 instances take the oracle 2-4 steps, so episodes stop at 4 or 6. The bootstrap is a few demonstrations
+    # per family; each iteration's annotation and RFT then bring tasks the model has not seen. Every iteration
+    # retrains the untrained agent with the same number of SFT steps on the whole store (then a short PPO), so what a
+    # model gains over the one before comes from the flywheel's new data.
     ppo = {"iterations": 1, "episodes_per_step": 4} if quick else {"iterations": 1}
+    # `max_steps` sets the SFT's length (the trainer stops at the smaller of it and epochs × store).
     agent_train = {"sft": {"epochs": 1000, "max_steps": 120 if quick else 200}, "ppo": ppo}
     plan = DemoPlan(
         seed=seed, families=chosen, iterations=iterations, quick=quick, preset=preset,
