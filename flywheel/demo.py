@@ -156,12 +156,14 @@ def check_stack(base_url: str) -> list[str]:
 # --- 1. the task pool ----------------------------------------------------------------------------------------------
 
 
-def import_suite(plan: DemoPlan) -> tuple[list[Task], list[Task]]:
-    """Import the plan's suite instances (training and held-out) into the task pool, project "demo-suite"; the
-    training and the held-out Task rows. Ids already in the pool are kept (the importer skips them)."""
-    rows = suite_tasks(list(plan.families), plan.train_per_family, plan.heldout_per_family, list(plan.levels))
+def import_suite(plan: DemoPlan, run: str) -> tuple[list[Task], list[Task]]:
+    """Import the plan's suite instances (training and held-out) into the task pool as this run's own tasks (external
+    id `<instance>@<run>`, project "demo-suite"); the training and the held-out Task rows. Each run has its own rows,
+    so an earlier run's trajectories on the same instances are neither its near duplicates nor its data."""
     import json
 
+    rows = suite_tasks(list(plan.families), plan.train_per_family, plan.heldout_per_family, list(plan.levels))
+    rows = [{**row, "id": f"{row['id']}@{run}", "metadata": {**row["metadata"], "demonstration": run}} for row in rows]
     data = "".join(json.dumps(row) + "\n" for row in rows).encode()
     import_tasks(data, "demo-suite.jsonl", on_conflict="skip")
     ids = [row["id"] for row in rows]
@@ -192,11 +194,14 @@ def build_untrained(path: Path, seed: int) -> Path:
     return Path(build_tiny_checkpoint(path, seed=seed))
 
 
-def untrained_agent(plan: DemoPlan) -> ModelVersion:
-    """Register the untrained agent (a new name per demonstration: the report finds a demonstration by it), serve it
-    from the embedded policy server and make it the annotation model, so iteration 0 is compared with it."""
-    stamp = timezone.now().strftime("%Y%m%d-%H%M%S")
-    name = f"{ROOT_PREFIX}-s{plan.seed}-{stamp}"
+def run_name(plan: DemoPlan) -> str:
+    """A new name per demonstration: its untrained agent's (the report finds a demonstration by it) and its tasks'."""
+    return f"{ROOT_PREFIX}-s{plan.seed}-{timezone.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def untrained_agent(plan: DemoPlan, name: str) -> ModelVersion:
+    """Register the untrained agent as `name`, serve it from the embedded policy server and make it the annotation
+    model, so iteration 0 is compared with it."""
     checkpoint = build_untrained(runs_root() / "demo" / name, plan.seed)
     release_earlier_demonstrations()
     problem = registry.load_into_embedded_server(name, str(checkpoint))
@@ -336,14 +341,16 @@ def annotate(plan: DemoPlan, base_url: str, tasks: list[Task], iteration: int, p
 
 
 def iteration_config(plan: DemoPlan, train: list[Task], heldout: list[Task], rft_tasks: list[Task],
-                     start_from: ModelVersion | None = None) -> dict[str, Any]:  # fmt: skip
-    """The iteration's config: the agent's preset, training from `start_from` (else the base model), PPO on the
-    demonstration's training tasks, evaluation on its held-out tasks only (each once, greedy), RFT on this
-    iteration's share of training tasks, automatic promotion."""
+                     root: ModelVersion, start_from: ModelVersion | None = None) -> dict[str, Any]:  # fmt: skip
+    """The iteration's config: the agent's preset, training from `start_from` (else the base model) on the store
+    versions made since the demonstration began (its root's creation), PPO on the demonstration's training tasks,
+    evaluation on its held-out tasks only (each once, greedy), RFT on this iteration's share of training tasks,
+    automatic promotion."""
     start = {"start_from": start_from.pk} if start_from is not None and plan.retrain else {}
+    since = {"store_since": root.created_at.isoformat()}
     config: dict[str, Any] = {
         "v": {"threshold": 0.5},
-        "train": {"preset": plan.preset, "tasks": {"ids": [t.pk for t in train]}, **start, **plan.train},
+        "train": {"preset": plan.preset, "tasks": {"ids": [t.pk for t in train]}, **start, **since, **plan.train},
         "evaluate": {"episodes": len(heldout), "task_ids": [t.pk for t in heldout], "temperature": 0.0,
                      "seed": 0, "env": f"sandbox:max_steps={plan.max_steps}", **plan.evaluate},
         "promote": "auto",
@@ -355,10 +362,12 @@ def iteration_config(plan: DemoPlan, train: list[Task], heldout: list[Task], rft
 
 
 def run_flywheel(plan: DemoPlan, base: ModelVersion, stages: list[str], config: dict[str, Any], number: int,
-                 progress: Progress, timeout_s: float = ITERATION_TIMEOUT_S) -> Iteration:  # fmt: skip
-    """Start an iteration on the workers (the `flywheel` queue) and follow it to its end."""
+                 progress: Progress, since: Any, timeout_s: float = ITERATION_TIMEOUT_S) -> Iteration:  # fmt: skip
+    """Start an iteration on the workers (the `flywheel` queue) that validates the trajectories of the plan's
+    domains submitted `since` (the demonstration's start), and follow it to its end."""
     try:
-        iteration = start_iteration(None, base_model=base, domains=plan.domains, stages=stages, config=config)
+        iteration = start_iteration(None, base_model=base, domains=plan.domains, date_from=since, stages=stages,
+                                    config=config)  # fmt: skip
     except IterationError as exc:
         raise DemoError(f"iteration {number} cannot start: {exc}") from None
     deadline = time.monotonic() + timeout_s
@@ -412,22 +421,25 @@ def rotate(tasks: list[Task], count: int, offset: int) -> list[Task]:
 
 def run_demo(plan: DemoPlan, base_url: str, progress: Progress) -> ModelVersion:
     """The whole demonstration; returns the untrained agent, the root the report finds the demonstration by."""
-    train, heldout = import_suite(plan)
+    name = run_name(plan)
+    train, heldout = import_suite(plan, name)
     if not heldout or not train:
         raise DemoError("the plan has no training or no held-out tasks")
-    root = untrained_agent(plan)
+    root = untrained_agent(plan, name)
     progress("bootstrap", 0, 0, None)
     bootstrap, fresh = split_training(plan, train)
     record_demonstrations(plan, bootstrap, root, progress)
-    run_flywheel(plan, root, BOOTSTRAP_STAGES, iteration_config(plan, train, heldout, []), 0, progress)
+    since = root.created_at
+    config = iteration_config(plan, train, heldout, [], root)
+    run_flywheel(plan, root, BOOTSTRAP_STAGES, config, 0, progress, since)
     per_iteration = plan.annotate_per_iteration + plan.rft_tasks_per_iteration
     for number in range(1, plan.iterations + 1):
         offset = (number - 1) * per_iteration
         annotated = rotate(fresh, plan.annotate_per_iteration, offset)
         annotate(plan, base_url, annotated, number, progress)
         sampled = rotate(fresh, plan.rft_tasks_per_iteration, offset + plan.annotate_per_iteration)
-        config = iteration_config(plan, train, heldout, sampled, start_from=root)
-        run_flywheel(plan, active_model(root), LOOP_STAGES, config, number, progress)
+        config = iteration_config(plan, train, heldout, sampled, root, start_from=root)
+        run_flywheel(plan, active_model(root), LOOP_STAGES, config, number, progress, since)
     progress("report", plan.iterations, 1, 1)
     return root
 

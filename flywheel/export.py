@@ -404,8 +404,13 @@ def export_iteration(iteration: Iteration, *, progress: Callable[[int, int], Non
     return output
 
 
-def version_files(version: DatasetVersion, role: str = "episodes") -> list[Path]:
-    """Local paths of a version's files of `role` (its parents' included), for filesystem storage: what the trainer
-    reads (`training.data.read_episodes` on each, or on the store directory for the newest version)."""
+def version_files(version: DatasetVersion, role: str = "episodes", since_version: int | None = None) -> list[Path]:
+    """Local paths of a version's files of `role` (its parents' included, or only those from `since_version` on),
+    for filesystem storage: what the trainer reads (`training.data.read_episodes` on each, or on the store directory
+    for the newest version)."""
     root = version.manifest["root"]
-    return [Path(default_storage.path(f"{root}/{f['path']}")) for f in version.manifest["files"] if f["role"] == role]
+    return [
+        Path(default_storage.path(f"{root}/{f['path']}"))
+        for f in version.manifest["files"]
+        if f["role"] == role and (since_version is None or f.get("version", version.number) >= since_version)
+    ]

@@ -23,6 +23,7 @@ from typing import Any
 
 from django.conf import settings
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from annotation_app.models import Task
 
@@ -155,10 +156,11 @@ def check_train_config(raw: dict[str, Any] | None) -> dict[str, Any]:
     """config["train"] with defaults: {"preset", "nproc", "ct"|"sft"|"value"|"ppo": {trainer option: value},
     "tasks": {"ids", "domains"}}; ValueError says what is wrong."""
     raw = dict(raw or {})
-    unknown = sorted(set(raw) - {"preset", "nproc", "tasks", "start_from", *TRAINING})
+    unknown = sorted(set(raw) - {"preset", "nproc", "tasks", "start_from", "store_since", *TRAINING})
     if unknown:
         raise ValueError(
-            f"unknown key(s) {', '.join(unknown)} (known: preset, nproc, tasks, start_from, ct, sft, value, ppo)"
+            f"unknown key(s) {', '.join(unknown)} "
+            "(known: preset, nproc, tasks, start_from, store_since, ct, sft, value, ppo)"
         )
     preset = raw.get("preset", "default")
     if preset not in PRESETS:
@@ -174,6 +176,12 @@ def check_train_config(raw: dict[str, Any] | None) -> dict[str, Any]:
         if not ModelVersion.objects.filter(pk=start).exclude(checkpoint_uri="").exists():
             raise ValueError(f"start_from: no model {start} with a checkpoint")
         out["start_from"] = start
+    since = raw.get("store_since")
+    if since is not None:
+        parsed = parse_datetime(since) if isinstance(since, str) else None
+        if parsed is None or parsed.tzinfo is None:
+            raise ValueError("store_since must be a time with its zone (ISO 8601, e.g. 2026-11-23T09:47:31+00:00)")
+        out["store_since"] = parsed.isoformat()
     for stage in TRAINING:
         overrides = raw.get(stage) or {}
         if not isinstance(overrides, dict):
@@ -323,10 +331,18 @@ def store_version(iteration: Iteration, kind: str) -> DatasetVersion:
 
 def data_dir(iteration: Iteration, stage: str, version: DatasetVersion) -> Path:
     """A directory the trainer reads as the version: links to the version's episode files and the store's images (the
-    episodes name their images relative to the file)."""
+    episodes name their images relative to the file); with `train.store_since`, only the files of versions made since
+    then (a demonstration trains on its own data, not on what earlier runs left in the store)."""
     from .export import version_files
 
-    files = version_files(version)
+    since = (iteration.config.get("train") or {}).get("store_since")
+    first = None
+    if since is not None:
+        made = DatasetVersion.objects.filter(kind=version.kind, created_at__gte=parse_datetime(since))
+        first = made.order_by("number").values_list("number", flat=True).first()
+        if first is None or first > version.number:
+            raise IterationError(f"no {version.kind.upper()} store version was made since {since} to train on")
+    files = version_files(version, since_version=first)
     target = run_dir(iteration, stage) / "data"
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
+from django.utils import timezone
 
 from annotation_app.models import LiveSession, Task, Trajectory
 from flywheel.demo import BOOTSTRAP_STAGES, LOOP_STAGES, check_stack, make_plan, run_demo, write_results
@@ -112,6 +113,11 @@ def test_demo_runs_every_stage_through_the_platform(media, transactional_db, tmp
     runs = tmp_path / "runs"
     runs.mkdir()
     policy_port = free_port()
+    # What an earlier run left: a submitted trajectory in a suite domain. A demonstration neither validates nor
+    # trains on it (it validates what was submitted since it began and has tasks of its own).
+    earlier_task = Task.objects.create(instruction="left over", domain=f"suite-{FAMILIES[0]}", evaluator={"func": "x"})
+    leftover = Trajectory.objects.create(task=earlier_task, mode=Trajectory.Mode.ROLLOUT,
+                                         status=Trajectory.Status.SUBMITTED, submitted_at=timezone.now())  # fmt: skip
     # The mechanics only: the shortest training runs, whatever the agent's own preset.
     plan = make_plan(
         quick=True, seed=3, families=FAMILIES, iterations=1, train_per_family=1, heldout_per_family=1,
@@ -149,9 +155,12 @@ def test_demo_runs_every_stage_through_the_platform(media, transactional_db, tmp
         Task.objects.filter(project="demo-suite", metadata__split="heldout").values_list("external_id", flat=True)
     )
     assert len(train) == len(heldout) == len(FAMILIES) and not train & heldout
+    assert all(external_id.endswith(f"@{root.name}") for external_id in train | heldout)  # this run's own tasks
 
     bootstrap, loop = Iteration.objects.filter(base_model__isnull=False).order_by("created_at")
     assert bootstrap.base_model == root and bootstrap.domains == plan.domains
+    assert not Validation.objects.filter(trajectory=leftover).exists()
+    assert {it.config["train"]["store_since"] for it in (bootstrap, loop)} == {root.created_at.isoformat()}
     for iteration, stages in ((bootstrap, BOOTSTRAP_STAGES), (loop, LOOP_STAGES)):
         assert iteration.status == Iteration.Status.SUCCEEDED, iteration.error
         assert iteration.selected_stages == list(stages)

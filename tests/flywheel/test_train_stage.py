@@ -127,6 +127,35 @@ def test_retraining_starts_the_chain_from_another_model_than_the_base(media, run
             check_train_config({"start_from": bad})
 
 
+def test_store_since_trains_only_on_the_store_versions_made_since_then(media, runs, tiny_path):
+    """`train.store_since`: the demonstration trains on its own data, not on what earlier runs left in the store."""
+    base = tiny_base(tiny_path)
+
+    def version(number: int, made: timedelta) -> DatasetVersion:
+        files = [{"path": f"episodes-v{n:04d}.jsonl", "role": "episodes", "version": n} for n in range(1, number + 1)]
+        made_version = DatasetVersion.objects.create(kind="sft", number=number, manifest={"root": "s", "files": files})
+        DatasetVersion.objects.filter(pk=made_version.pk).update(created_at=timezone.now() - made)
+        return made_version
+
+    version(1, timedelta(days=2)), version(2, timedelta(days=1)), version(3, timedelta(hours=1))
+    since = (timezone.now() - timedelta(hours=2)).isoformat()
+    config = {**CONFIG, "train": {"preset": "tiny-cpu", "store_since": since}}
+    iteration = start_iteration(None, base_model=base, stages=["sft"], config=config, enqueue=False)
+    sft = training_command(iteration, "sft", resume=False)
+    data = Path(sft[sft.index("--data") + 1])
+    assert sorted(p.name for p in data.glob("*.jsonl")) == ["episodes-v0003.jsonl"]
+    everything = start_iteration(None, base_model=base, stages=["sft"], config=CONFIG, enqueue=False)
+    sft = training_command(everything, "sft", resume=False)
+    assert len(list(Path(sft[sft.index("--data") + 1]).glob("*.jsonl"))) == 3
+    later = {**CONFIG, "train": {"preset": "tiny-cpu", "store_since": timezone.now().isoformat()}}
+    empty = start_iteration(None, base_model=base, stages=["sft"], config=later, enqueue=False)
+    with pytest.raises(IterationError, match="no SFT store version was made since"):
+        training_command(empty, "sft", resume=False)
+    for bad in ("yesterday", "2026-11-23T09:00:00", 5):
+        with pytest.raises(ValueError, match="store_since must be a time with its zone"):
+            check_train_config({"store_since": bad})
+
+
 @pytest.mark.parametrize(
     ("stages", "config", "message"),
     [
