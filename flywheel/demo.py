@@ -92,9 +92,12 @@ def agent_preset() -> str:
     return "suite-cpu" if "suite-cpu" in PRESETS else "tiny-cpu"
 
 
-def make_plan(*, quick: bool = False, seed: int = 0, families: list[str] | None = None, iterations: int = 3,
+def make_plan(*, quick: bool = False, seed: int = 0, families: list[str] | None = None, iterations: int | None = None,
               **overrides: Any) -> DemoPlan:  # fmt: skip
-    """The demonstration's plan: `--quick` is two families and fewer instances (≤ 10 min), else six (≤ 60 min)."""
+    """The demonstration's plan: `--quick` is two families, fewer instances and two iterations (≤ 10 min), else six
+    families and three iterations (≤ 60 min)."""
+    if iterations is None:
+        iterations = 2 if quick else 3
     known = suite_families()
     chosen = tuple(families or (QUICK_FAMILIES if quick else FULL_FAMILIES))
     unknown = [name for name in chosen if name not in known]
@@ -611,7 +614,7 @@ def run_default_agent_command(stdout: Any, options: dict[str, Any]) -> None:
     if options.get("retrain") or not (default_dir() / "config.json").is_file():
         stdout.write(f"no default agent in {default_dir()} yet: training it with the quick demonstration")
         root = run_demo_command(stdout, {**options, "quick": True, "seed": options.get("seed") or 0,
-                                         "families": "", "iterations": 3})  # fmt: skip
+                                         "families": "", "iterations": None})  # fmt: skip
         stdout.write(f"default agent cached in {install_default(root)}")
     model = serve_default()
     stdout.write(f"the default agent {model.name} serves live proposals (active: {model.is_active})")

@@ -587,11 +587,19 @@ def evaluation_setup(iteration: Iteration, tasks: list[Task]) -> str:
 
 def _earlier_result(base: ModelVersion | None, setup: str) -> dict[str, Any] | None:
     """The base model's own held-out result when an earlier evaluation measured it under `setup` (the iteration
-    that trained it), marked as reused; None when it must be played again."""
-    found = ((base.evaluation or {}).get("new") or {}) if base is not None else {}
-    if not found or found.get("setup") != setup:
+    that trained it, or an earlier iteration on the same base, e.g. the untrained agent that was not replaced), marked
+    as reused; None when it must be played again."""
+    if base is None:
         return None
-    return {**found, "reused_from_iteration": (base.evaluation or {}).get("iteration")}
+    found = (base.evaluation or {}).get("new") or {}
+    if found.get("setup") == setup:
+        return {**found, "reused_from_iteration": (base.evaluation or {}).get("iteration")}
+    earlier = Iteration.objects.filter(base_model=base, status=Iteration.Status.SUCCEEDED).order_by("-id")
+    for iteration in earlier.only("id", "stages"):
+        played = (((iteration.stages or {}).get("evaluate") or {}).get("output") or {}).get("parent") or {}
+        if played.get("setup") == setup and "reused_from_iteration" not in played:
+            return {**played, "reused_from_iteration": iteration.pk}
+    return None
 
 
 def _result(path: Path) -> dict[str, Any] | None:

@@ -15,6 +15,7 @@ from ..servers import free_port
 def test_plans():
     quick, full = make_plan(quick=True), make_plan()
     assert len(quick.families) == 2 and len(full.families) > len(quick.families)
+    assert (quick.iterations, full.iterations, make_plan(quick=True, iterations=3).iterations) == (2, 3, 3)
     assert quick.domains == [f"suite-{name}" for name in quick.families]
     assert make_plan(seed=4, families=["slider"], iterations=1).families == ("slider",)
     with pytest.raises(DemoError, match="unknown family: telepathy"):

@@ -286,6 +286,20 @@ def test_an_evaluation_reuses_the_base_models_result_only_under_the_same_setup()
     tasks[1].evaluator = {**evaluator, "expected": {"type": "rule", "rules": {"include": ["y"]}}}
     assert _earlier_result(base, evaluation_setup(greedy, tasks)) is None
 
+    # A base no iteration trained (the untrained agent): the parent side of an earlier iteration on it, never a
+    # result that iteration itself reused.
+    untrained = ModelVersion.objects.create(name="untrained-eval", checkpoint_uri="/models/untrained")
+    played = {"success_rate": 0.0, "setup": setup}
+
+    def evaluated_on(parent: dict) -> Iteration:
+        stages = {"evaluate": {"status": "done", "output": {"new": {"setup": setup}, "parent": parent}}}
+        return Iteration.objects.create(base_model=untrained, status=Iteration.Status.SUCCEEDED, stages=stages)
+
+    first = evaluated_on(played)
+    evaluated_on({**played, "reused_from_iteration": first.pk})
+    assert _earlier_result(untrained, setup) == {**played, "reused_from_iteration": first.pk}
+    assert _earlier_result(untrained, evaluation_setup(sampled, tasks)) is None
+
 
 def test_a_new_demonstration_unloads_earlier_ones_models_but_the_active_one(settings, policy_server, models_root):
     """The server keeps what it served across restarts and holds at most --max-models: a demonstration frees the

@@ -51,7 +51,9 @@ class Command(BaseCommand):
         demo.add_argument("--quick", action="store_true", help="two families, fewer instances (about 10 minutes)")
         demo.add_argument("--seed", type=int, default=0, help="seed of the plan (same seed, same numbers within noise)")
         demo.add_argument("--families", default="", help="comma-separated suite families (default: the plan's)")
-        demo.add_argument("--iterations", type=int, default=3, help="iterations after the bootstrap (0-10)")
+        demo.add_argument(
+            "--iterations", type=int, default=None, help="iterations after the bootstrap (0-10; 2 with --quick, else 3)"
+        )
         demo.add_argument("--base-url", default="", help="the web app the simulated annotators use (default: WEB_PORT)")
         demo.add_argument("--out", default="", help="folder for report.json and report.png (default: var/demo/<run>)")
         demo.add_argument("--wait", type=float, default=0, help="seconds to wait for the stack to come up")
