@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db.models import Q
+from django.utils.dateparse import parse_datetime
 
 from annotation_app.models import Step, Task, Trajectory
 from training.evaluate import wilson_interval
@@ -96,6 +97,19 @@ def _origin(trajectory: dict[str, Any]) -> str:
     return "annotation" if trajectory["mode"] == Trajectory.Mode.INTERACTIVE else str(trajectory["mode"])
 
 
+def trained_rows(iteration: Iteration, version: DatasetVersion | None) -> int | None:
+    """The SFT trajectories the iteration trained on: its store version's rows, only those of versions made since
+    `train.store_since` when it is set (the demonstration's own data, not the shared store's)."""
+    if version is None:
+        return None
+    since = ((iteration.config or {}).get("train") or {}).get("store_since")
+    if since is None:
+        return version.row_count
+    made = DatasetVersion.objects.filter(kind=version.kind, number__lte=version.number,
+                                         created_at__gte=parse_datetime(since))  # fmt: skip
+    return sum(made.values_list("added_count", flat=True))
+
+
 def iteration_row(iteration: Iteration, number: int) -> dict[str, Any]:
     """One iteration's figures, from its row, its validations, its trajectories and its store versions."""
     stages = iteration.stages or {}
@@ -125,7 +139,7 @@ def iteration_row(iteration: Iteration, number: int) -> dict[str, Any]:
         "rft": ((stages.get("rft") or {}).get("output") or {}).get("attempts"),
         "validate": len(validated),
         "export": sum(v.added_count for v in versions.values()),
-        "sft": versions["sft"].row_count if "sft" in versions else None,
+        "sft": trained_rows(iteration, versions.get("sft")),
         "evaluate": sum(
             int(played.get("episodes", 0))
             for played in (evaluate.get(side) or {} for side in ("new", "parent"))

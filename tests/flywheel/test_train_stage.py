@@ -151,6 +151,12 @@ def test_store_since_trains_only_on_the_store_versions_made_since_then(media, ru
     empty = start_iteration(None, base_model=base, stages=["sft"], config=later, enqueue=False)
     with pytest.raises(IterationError, match="no SFT store version was made since"):
         training_command(empty, "sft", resume=False)
+    from flywheel.demo_report import trained_rows  # the report counts what was trained on, not the whole store
+
+    DatasetVersion.objects.filter(number__in=[1, 2]).update(added_count=40)
+    DatasetVersion.objects.filter(number=3).update(added_count=7, row_count=87)
+    newest = DatasetVersion.objects.get(number=3)
+    assert trained_rows(iteration, newest) == 7 and trained_rows(everything, newest) == 87
     for bad in ("yesterday", "2026-11-23T09:00:00", 5):
         with pytest.raises(ValueError, match="store_since must be a time with its zone"):
             check_train_config({"store_since": bad})
