@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -344,16 +345,16 @@ def annotate(plan: DemoPlan, base_url: str, tasks: list[Task], iteration: int, p
 
 
 def iteration_config(plan: DemoPlan, train: list[Task], heldout: list[Task], rft_tasks: list[Task],
-                     root: ModelVersion, start_from: ModelVersion | None = None) -> dict[str, Any]:  # fmt: skip
+                     since: datetime, start_from: ModelVersion | None = None) -> dict[str, Any]:  # fmt: skip
     """The iteration's config: the agent's preset, training from `start_from` (else the base model) on the store
-    versions made since the demonstration began (its root's creation), PPO on the demonstration's training tasks,
+    versions made `since` the demonstration began (its root's creation), PPO on the demonstration's training tasks,
     evaluation on its held-out tasks only (each once, greedy), RFT on this iteration's share of training tasks,
     automatic promotion."""
     start = {"start_from": start_from.pk} if start_from is not None and plan.retrain else {}
-    since = {"store_since": root.created_at.isoformat()}
+    start["store_since"] = since.isoformat()
     config: dict[str, Any] = {
         "v": {"threshold": 0.5},
-        "train": {"preset": plan.preset, "tasks": {"ids": [t.pk for t in train]}, **start, **since, **plan.train},
+        "train": {"preset": plan.preset, "tasks": {"ids": [t.pk for t in train]}, **start, **plan.train},
         "evaluate": {"episodes": len(heldout), "task_ids": [t.pk for t in heldout], "temperature": 0.0,
                      "seed": 0, "env": f"sandbox:max_steps={plan.max_steps}", **plan.evaluate},
         "promote": "auto",
@@ -365,7 +366,7 @@ def iteration_config(plan: DemoPlan, train: list[Task], heldout: list[Task], rft
 
 
 def run_flywheel(plan: DemoPlan, base: ModelVersion, stages: list[str], config: dict[str, Any], number: int,
-                 progress: Progress, since: Any, timeout_s: float = ITERATION_TIMEOUT_S) -> Iteration:  # fmt: skip
+                 progress: Progress, since: datetime, timeout_s: float = ITERATION_TIMEOUT_S) -> Iteration:  # fmt: skip
     """Start an iteration on the workers (the `flywheel` queue) that validates the trajectories of the plan's
     domains submitted `since` (the demonstration's start), and follow it to its end."""
     try:
@@ -433,7 +434,7 @@ def run_demo(plan: DemoPlan, base_url: str, progress: Progress) -> ModelVersion:
     bootstrap, fresh = split_training(plan, train)
     record_demonstrations(plan, bootstrap, root, progress)
     since = root.created_at
-    config = iteration_config(plan, train, heldout, [], root)
+    config = iteration_config(plan, train, heldout, [], since)
     run_flywheel(plan, root, BOOTSTRAP_STAGES, config, 0, progress, since)
     per_iteration = plan.annotate_per_iteration + plan.rft_tasks_per_iteration
     for number in range(1, plan.iterations + 1):
@@ -441,7 +442,7 @@ def run_demo(plan: DemoPlan, base_url: str, progress: Progress) -> ModelVersion:
         annotated = rotate(fresh, plan.annotate_per_iteration, offset)
         annotate(plan, base_url, annotated, number, progress)
         sampled = rotate(fresh, plan.rft_tasks_per_iteration, offset + plan.annotate_per_iteration)
-        config = iteration_config(plan, train, heldout, sampled, root, start_from=root)
+        config = iteration_config(plan, train, heldout, sampled, since, start_from=root)
         run_flywheel(plan, active_model(root), LOOP_STAGES, config, number, progress, since)
     progress("report", plan.iterations, 1, 1)
     return root

@@ -13,7 +13,6 @@ from datetime import datetime
 from typing import Any
 
 from django.db.models import Q
-from django.utils.dateparse import parse_datetime
 
 from annotation_app.models import Step, Task, Trajectory
 from training.evaluate import wilson_interval
@@ -100,14 +99,13 @@ def _origin(trajectory: dict[str, Any]) -> str:
 def trained_rows(iteration: Iteration, version: DatasetVersion | None) -> int | None:
     """The SFT trajectories the iteration trained on: its store version's rows, only those of versions made since
     `train.store_since` when it is set (the demonstration's own data, not the shared store's)."""
+    from .training_stages import trained_versions
+
     if version is None:
         return None
-    since = ((iteration.config or {}).get("train") or {}).get("store_since")
-    if since is None:
+    if ((iteration.config or {}).get("train") or {}).get("store_since") is None:
         return version.row_count
-    made = DatasetVersion.objects.filter(kind=version.kind, number__lte=version.number,
-                                         created_at__gte=parse_datetime(since))  # fmt: skip
-    return sum(made.values_list("added_count", flat=True))
+    return sum(trained_versions(iteration, version).values_list("added_count", flat=True))
 
 
 def iteration_row(iteration: Iteration, number: int) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from django.db.models import QuerySet
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -329,6 +330,14 @@ def store_version(iteration: Iteration, kind: str) -> DatasetVersion:
     return newest
 
 
+def trained_versions(iteration: Iteration, version: DatasetVersion) -> QuerySet[DatasetVersion]:
+    """The store versions a CT/SFT stage trains on through `version`: it and its parents, only those made since
+    `train.store_since` when the iteration sets it."""
+    versions = DatasetVersion.objects.filter(kind=version.kind, number__lte=version.number)
+    since = (iteration.config.get("train") or {}).get("store_since")
+    return versions if since is None else versions.filter(created_at__gte=parse_datetime(since))
+
+
 def data_dir(iteration: Iteration, stage: str, version: DatasetVersion) -> Path:
     """A directory the trainer reads as the version: links to the version's episode files and the store's images (the
     episodes name their images relative to the file); with `train.store_since`, only the files of versions made since
@@ -338,9 +347,8 @@ def data_dir(iteration: Iteration, stage: str, version: DatasetVersion) -> Path:
     since = (iteration.config.get("train") or {}).get("store_since")
     first = None
     if since is not None:
-        made = DatasetVersion.objects.filter(kind=version.kind, created_at__gte=parse_datetime(since))
-        first = made.order_by("number").values_list("number", flat=True).first()
-        if first is None or first > version.number:
+        first = trained_versions(iteration, version).order_by("number").values_list("number", flat=True).first()
+        if first is None:
             raise IterationError(f"no {version.kind.upper()} store version was made since {since} to train on")
     files = version_files(version, since_version=first)
     target = run_dir(iteration, stage) / "data"
@@ -594,12 +602,18 @@ def _earlier_result(base: ModelVersion | None, setup: str) -> dict[str, Any] | N
     found = (base.evaluation or {}).get("new") or {}
     if found.get("setup") == setup:
         return {**found, "reused_from_iteration": (base.evaluation or {}).get("iteration")}
-    earlier = Iteration.objects.filter(base_model=base, status=Iteration.Status.SUCCEEDED).order_by("-id")
-    for iteration in earlier.only("id", "stages"):
-        played = (((iteration.stages or {}).get("evaluate") or {}).get("output") or {}).get("parent") or {}
-        if played.get("setup") == setup and "reused_from_iteration" not in played:
-            return {**played, "reused_from_iteration": iteration.pk}
-    return None
+    earlier = (
+        Iteration.objects.filter(
+            base_model=base, status=Iteration.Status.SUCCEEDED, stages__evaluate__output__parent__setup=setup
+        )
+        .exclude(stages__evaluate__output__parent__has_key="reused_from_iteration")
+        .order_by("-id")
+        .only("id", "stages")
+        .first()
+    )
+    if earlier is None:
+        return None
+    return {**earlier.stages["evaluate"]["output"]["parent"], "reused_from_iteration": earlier.pk}
 
 
 def _result(path: Path) -> dict[str, Any] | None:
