@@ -34,7 +34,7 @@ from sandbox.suite.run import read_state
 from training.rollout import Reply, run_episode
 
 from . import registry
-from .iterations import start_iteration
+from .iterations import cancel_iteration, start_iteration
 from .models import Iteration, ModelVersion, Stage
 from .progress import IterationError
 from .rft_attempt import CapacityGate, RecordingClient, RolloutEnv, StepRecorder, task_spec
@@ -49,6 +49,7 @@ DEMO_ORIGIN = "demo"  # Trajectory.metadata["origin"] of a bootstrap demonstrati
 FULL_FAMILIES = ("click-button", "type-field", "radio", "checkboxes", "dropdown", "search")
 QUICK_FAMILIES = ("click-button", "radio")
 ITERATION_TIMEOUT_S = 3600.0
+CANCEL_WAIT_S = 30.0  # for the worker to stop a cancelled stage (its trainer gets 10 s of grace after SIGTERM)
 
 Progress = Callable[[str, int, int | None, int | None], None]  # (stage, iteration, done, total)
 
@@ -118,7 +119,8 @@ def make_plan(*, quick: bool = False, seed: int = 0, families: list[str] | None 
     agent_train = {"sft": {"epochs": 1000, "max_steps": 120 if quick else 200}, "ppo": ppo}
     plan = DemoPlan(
         seed=seed, families=chosen, iterations=iterations, quick=quick, preset=preset,
-        train_per_family=20 if quick else 24, heldout_per_family=4 if quick else 8, bootstrap_per_family=4,
+        train_per_family=20 if quick else 24, heldout_per_family=4 if quick else 16,
+        bootstrap_per_family=4 if quick else 2,
         annotate_per_iteration=4 if quick else 24, rft_tasks_per_iteration=4 if quick else 16,
         rft_attempts=1 if quick else 2, max_steps=4 if quick else 6,
         train={"ppo": {"env": "sandbox:max_steps=4", "iterations": 1}} if small else agent_train,
@@ -374,20 +376,44 @@ def run_flywheel(plan: DemoPlan, base: ModelVersion, stages: list[str], config: 
                                     config=config)  # fmt: skip
     except IterationError as exc:
         raise DemoError(f"iteration {number} cannot start: {exc}") from None
+    return follow(iteration, stages, number, progress, timeout_s)
+
+
+def follow(iteration: Iteration, stages: list[str], number: int, progress: Progress,
+           timeout_s: float = ITERATION_TIMEOUT_S) -> Iteration:  # fmt: skip
+    """Show an iteration's progress until it ends; one the demonstration stops following (Ctrl-C, its timeout) is
+    cancelled, so its worker stops the stage's trainer rather than leaving it to outlive the run's stack."""
     deadline = time.monotonic() + timeout_s
-    while True:
-        iteration.refresh_from_db()
-        stage = iteration.current_stage or stages[0]
-        entry = iteration.stages.get(stage, {})
-        progress(stage, number, entry.get("done"), entry.get("total"))
-        if iteration.finished:
-            break
-        if time.monotonic() > deadline:
-            raise DemoError(f"iteration {iteration.pk} did not finish within {timeout_s:.0f} s (stage {stage})")
-        time.sleep(1.0)
+    try:
+        while True:
+            iteration.refresh_from_db()
+            stage = iteration.current_stage or stages[0]
+            entry = iteration.stages.get(stage, {})
+            progress(stage, number, entry.get("done"), entry.get("total"))
+            if iteration.finished:
+                break
+            if time.monotonic() > deadline:
+                raise DemoError(f"iteration {iteration.pk} did not finish within {timeout_s:.0f} s (stage {stage})")
+            time.sleep(1.0)
+    except BaseException:
+        abandon(iteration)
+        raise
     if iteration.status != Iteration.Status.SUCCEEDED:
         raise DemoError(f"iteration {iteration.pk} {iteration.status}: {iteration.error}")
     return iteration
+
+
+def abandon(iteration: Iteration, wait_s: float = CANCEL_WAIT_S) -> None:
+    """Cancel an unfinished iteration and wait up to `wait_s` for its worker to stop it (a trainer child gets
+    SIGTERM, then SIGKILL after the stage's grace period)."""
+    try:
+        iteration = cancel_iteration(iteration)
+    except IterationError:  # it has just ended
+        return
+    deadline = time.monotonic() + wait_s
+    while not iteration.finished and time.monotonic() < deadline:
+        time.sleep(0.5)
+        iteration.refresh_from_db()
 
 
 def active_model(fallback: ModelVersion) -> ModelVersion:

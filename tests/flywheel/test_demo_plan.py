@@ -1,5 +1,6 @@
 """The demonstration's plan and its refusals: unknown families and iteration counts are refused with a message, and
-the command refuses to start, naming each missing service, when the stack is not up (no server, no worker)."""
+the command refuses to start, naming each missing service, when the stack is not up (no server, no worker); an
+iteration it stops following is cancelled."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from flywheel.demo import DemoError, check_stack, make_plan, rotate
+from flywheel.demo import DemoError, check_stack, follow, make_plan, rotate
+from flywheel.iterations import start_iteration
+from flywheel.models import Iteration, Stage
 
 from ..servers import free_port
 
@@ -49,3 +52,23 @@ def test_the_command_names_what_is_not_running(settings, db):
         call_command("flywheel", "demo", "--quick", "--base-url", f"http://127.0.0.1:{closed}")
     with pytest.raises(CommandError, match="unknown family"):
         call_command("flywheel", "demo", "--families", "nope")
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "timeout"])
+def test_an_iteration_the_demonstration_stops_following_is_cancelled(db, how):
+    """Ctrl-C (or the iteration's timeout) while the demonstration waits cancels the iteration, so its worker stops
+    the stage's trainer instead of leaving it running after the run's stack is gone."""
+    iteration = start_iteration(None, enqueue=False, stages=[Stage.VALIDATE])  # nothing runs it: stays pending
+    seen = []
+
+    def progress(stage: str, number: int, done: int | None, total: int | None) -> None:
+        seen.append((stage, number))
+        if how == "ctrl-c":
+            raise KeyboardInterrupt
+
+    expected = KeyboardInterrupt if how == "ctrl-c" else DemoError
+    with pytest.raises(expected):
+        follow(iteration, [Stage.VALIDATE], 2, progress, timeout_s=0 if how == "timeout" else 60)
+    iteration.refresh_from_db()
+    assert seen[0] == (Stage.VALIDATE, 2)
+    assert iteration.status == Iteration.Status.CANCELLED and iteration.cancel_requested
