@@ -534,17 +534,22 @@ def summary_lines(root: ModelVersion) -> list[str]:
     return lines
 
 
+def plan_from_options(options: dict[str, Any]) -> DemoPlan:
+    """The plan the command's options ask for (`families` comma-separated; empty: the plan's own)."""
+    families = [f.strip() for f in (options.get("families") or "").split(",") if f.strip()] or None
+    return make_plan(quick=options["quick"], seed=options["seed"], families=families,
+                     iterations=options.get("iterations"))  # fmt: skip
+
+
 def run_demo_command(stdout: Any, options: dict[str, Any]) -> ModelVersion:
     """`manage.py flywheel demo`: check the stack, run the demonstration with a progress bar, write the results."""
     import os
 
     from django.core.management.base import CommandError
 
-    families = [f.strip() for f in (options.get("families") or "").split(",") if f.strip()] or None
     base_url = options.get("base_url") or f"http://127.0.0.1:{os.environ.get('WEB_PORT', '8000')}"
     try:
-        plan = make_plan(quick=options["quick"], seed=options["seed"], families=families,
-                         iterations=options["iterations"])  # fmt: skip
+        plan = plan_from_options(options)
     except DemoError as exc:
         raise CommandError(str(exc)) from None
     problems = check_stack(base_url)
@@ -576,6 +581,10 @@ def run_demo_command(stdout: Any, options: dict[str, Any]) -> ModelVersion:
 # --- the default annotation model of scripts/run -------------------------------------------------------------------
 
 DEFAULT_NAME = "suite-agent"  # served name of the default agent, and its registry name's stem
+# The demonstration that trains it: the quick sizes on the full plan's six browser families, one iteration (6.4 min on
+# a running stack; 6/24 held-out, docs/flywheel.md), so it has seen every browser family of the demo data, where the
+# quick plan's model was trained on two of them.
+DEFAULT_PLAN = {"quick": True, "families": ",".join(FULL_FAMILIES), "iterations": 1}
 REPLACEABLE = ("tiny-uitars-embedded",)  # active models the default agent may replace (the random one seed_demo adds)
 
 
@@ -636,12 +645,12 @@ def serve_default() -> ModelVersion:
 
 
 def run_default_agent_command(stdout: Any, options: dict[str, Any]) -> None:
-    """`manage.py flywheel default-agent`: on the first start, train the suite agent with the quick demonstration and
-    cache it under var/models/suite-agent; on every start, serve the cached one and make it the annotation model."""
+    """`manage.py flywheel default-agent`: on the first start, train the suite agent with a short demonstration
+    (`DEFAULT_PLAN`) and cache it under var/models/suite-agent; on every start, serve the cached one and make it the
+    annotation model."""
     if options.get("retrain") or not (default_dir() / "config.json").is_file():
-        stdout.write(f"no default agent in {default_dir()} yet: training it with the quick demonstration")
-        root = run_demo_command(stdout, {**options, "quick": True, "seed": options.get("seed") or 0,
-                                         "families": "", "iterations": None})  # fmt: skip
+        stdout.write(f"no default agent in {default_dir()} yet: training it with a short demonstration")
+        root = run_demo_command(stdout, {**options, **DEFAULT_PLAN, "seed": options.get("seed") or 0})
         stdout.write(f"default agent cached in {install_default(root)}")
     model = serve_default()
     stdout.write(f"the default agent {model.name} serves live proposals (active: {model.is_active})")

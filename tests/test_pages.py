@@ -4,7 +4,7 @@ import pytest
 from django.core.management import call_command
 from django.urls import reverse
 
-from annotation_app.models import Task, Trajectory, User
+from annotation_app.models import Role, Task, Trajectory, User
 from flywheel.models import ModelVersion
 
 
@@ -132,3 +132,15 @@ def test_the_demo_data_holds_the_task_suite_with_training_and_held_out_instances
     assert splits == {"train", "heldout"}
     assert suite.count() == 3 * len(families())  # the second seed_demo imported nothing twice
     assert all(t.evaluator for t in suite)
+
+
+def test_a_newcomer_is_first_handed_a_browser_task_the_default_agent_learnt(demo):
+    """The default agent of scripts/run knows the suite's browser families, not the desktop demo tasks: a new
+    annotator's first task is one of those, so the first live session shows proposals that make sense."""
+    from annotation_app.task_queue import next_task
+    from flywheel.demo import DEFAULT_PLAN
+
+    newcomer = User.objects.create_user("newcomer", password="x", role=Role.ANNOTATOR)
+    task = next_task(newcomer).task
+    assert task.metadata["suite"] in DEFAULT_PLAN["families"].split(",") and task.metadata["split"] == "train"
+    assert task.importance > max(t.importance for t in Task.objects.filter(external_id__startswith="demo2-"))

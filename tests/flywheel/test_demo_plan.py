@@ -8,7 +8,16 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from flywheel.demo import DemoError, check_stack, follow, make_plan, rotate
+from flywheel.demo import (
+    DEFAULT_PLAN,
+    FULL_FAMILIES,
+    DemoError,
+    check_stack,
+    follow,
+    make_plan,
+    plan_from_options,
+    rotate,
+)
 from flywheel.iterations import start_iteration
 from flywheel.models import Iteration, Stage
 
@@ -26,6 +35,16 @@ def test_plans():
     with pytest.raises(DemoError, match="iterations must be from 0 to 10"):
         make_plan(iterations=11)
     assert [t for t in rotate([1, 2, 3], 2, 2)] == [3, 1] and rotate([], 2, 0) == []
+
+
+def test_the_default_agent_learns_every_browser_family_of_the_full_plan_in_one_short_iteration():
+    plan = plan_from_options({**DEFAULT_PLAN, "seed": 0})
+    quick = make_plan(quick=True)
+    assert plan.families == FULL_FAMILIES and plan.iterations == 1
+    assert (plan.train_per_family, plan.heldout_per_family, plan.max_steps) == (
+        quick.train_per_family, quick.heldout_per_family, quick.max_steps)  # fmt: skip
+    chosen = plan_from_options({"quick": False, "seed": 2, "families": " radio, search ,"})
+    assert chosen.families == ("radio", "search") and chosen.iterations == 3
 
 
 def test_the_bootstrap_takes_a_few_tasks_per_family_and_the_iterations_the_rest():

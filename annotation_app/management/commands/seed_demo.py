@@ -177,4 +177,20 @@ class Command(BaseCommand):
         # The bundled verifiable task suite (sandbox/suite, docs/task-suite.md): two training instances and one
         # held-out instance of every family at level 1, so RFT, PPO and evaluation have tasks in the demo.
         call_command("suite_tasks", "--import", "--train", "2", "--heldout", "1", "--levels", "1", verbosity=0)
+        first_for_newcomers()
         self.stdout.write(self.style.SUCCESS("Demo data ready."))
+
+
+def first_for_newcomers() -> int:
+    """Put the suite's training instances of the browser families that scripts/run's default agent learns
+    (`flywheel.demo.DEFAULT_PLAN`) first in the queue, so a newcomer's first live session is a task where its
+    proposals make sense; it has never seen the desktop tasks above. A demonstration's own tasks (`…@<run>`) keep
+    their place."""
+    from flywheel.demo import DEFAULT_PLAN
+
+    families = DEFAULT_PLAN["families"].split(",")
+    return (
+        Task.objects.filter(metadata__suite__in=families, metadata__split="train", status=Task.Status.PENDING)
+        .exclude(external_id__contains="@")
+        .update(importance=len(DEMO_TASKS) + 1)
+    )

@@ -58,9 +58,9 @@ class Command(BaseCommand):
         demo.add_argument("--out", default="", help="folder for report.json and report.png (default: var/demo/<run>)")
         demo.add_argument("--wait", type=float, default=0, help="seconds to wait for the stack to come up")
         default = sub.add_parser(
-            "default-agent", help="serve var/models/suite-agent (trained by the quick demonstration on the first run)"
+            "default-agent", help="serve var/models/suite-agent (trained by a short demonstration on the first run)"
         )
-        default.add_argument("--retrain", action="store_true", help="run the quick demonstration again first")
+        default.add_argument("--retrain", action="store_true", help="run that demonstration again first")
         default.add_argument("--wait", type=float, default=300, help="seconds to wait for the stack to come up")
         default.add_argument("--base-url", default="", help="the web app the simulated annotators use")
         default.add_argument("--out", default="", help="folder for the demonstration's report")
