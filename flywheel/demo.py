@@ -34,6 +34,7 @@ from sandbox.suite.run import read_state
 from training.rollout import Reply, run_episode
 
 from . import registry
+from .demo_families import DEFAULT_AGENT_FAMILIES, FULL_FAMILIES, QUICK_FAMILIES
 from .iterations import cancel_iteration, start_iteration
 from .models import Iteration, ModelVersion, Stage
 from .progress import IterationError
@@ -45,9 +46,6 @@ log = logging.getLogger(__name__)
 PROJECT = "demo-suite"  # Task.project of the demonstration's tasks
 ROOT_PREFIX = "demo-agent"  # registry name of the untrained agent; every model of a demonstration descends from it
 DEMO_ORIGIN = "demo"  # Trajectory.metadata["origin"] of a bootstrap demonstration (the oracle's, via the sandbox)
-# Browser families whose level-1 instances the oracle finishes in a few steps (docs/task-suite.md).
-FULL_FAMILIES = ("click-button", "type-field", "radio", "checkboxes", "dropdown", "search")
-QUICK_FAMILIES = ("click-button", "radio")
 ITERATION_TIMEOUT_S = 3600.0
 CANCEL_WAIT_S = 30.0  # for the worker to stop a cancelled stage (its trainer gets 10 s of grace after SIGTERM)
 
@@ -584,7 +582,7 @@ DEFAULT_NAME = "suite-agent"  # served name of the default agent, and its regist
 # The demonstration that trains it: the quick sizes on the full plan's six browser families, one iteration (6.4 min on
 # a running stack; 6/24 held-out, docs/flywheel.md), so it has seen every browser family of the demo data, where the
 # quick plan's model was trained on two of them.
-DEFAULT_PLAN = {"quick": True, "families": ",".join(FULL_FAMILIES), "iterations": 1}
+DEFAULT_PLAN = {"quick": True, "families": ",".join(DEFAULT_AGENT_FAMILIES), "iterations": 1}
 REPLACEABLE = ("tiny-uitars-embedded",)  # active models the default agent may replace (the random one seed_demo adds)
 
 

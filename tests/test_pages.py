@@ -138,9 +138,9 @@ def test_a_newcomer_is_first_handed_a_browser_task_the_default_agent_learnt(demo
     """The default agent of scripts/run knows the suite's browser families, not the desktop demo tasks: a new
     annotator's first task is one of those, so the first live session shows proposals that make sense."""
     from annotation_app.task_queue import next_task
-    from flywheel.demo import DEFAULT_PLAN
+    from flywheel.demo_families import DEFAULT_AGENT_FAMILIES
 
     newcomer = User.objects.create_user("newcomer", password="x", role=Role.ANNOTATOR)
     task = next_task(newcomer).task
-    assert task.metadata["suite"] in DEFAULT_PLAN["families"].split(",") and task.metadata["split"] == "train"
+    assert task.metadata["suite"] in DEFAULT_AGENT_FAMILIES and task.metadata["split"] == "train"
     assert task.importance > max(t.importance for t in Task.objects.filter(external_id__startswith="demo2-"))

@@ -10,7 +10,6 @@ from django.core.management.base import CommandError
 
 from flywheel.demo import (
     DEFAULT_PLAN,
-    FULL_FAMILIES,
     DemoError,
     check_stack,
     follow,
@@ -18,6 +17,7 @@ from flywheel.demo import (
     plan_from_options,
     rotate,
 )
+from flywheel.demo_families import DEFAULT_AGENT_FAMILIES, FULL_FAMILIES
 from flywheel.iterations import start_iteration
 from flywheel.models import Iteration, Stage
 
@@ -40,7 +40,7 @@ def test_plans():
 def test_the_default_agent_learns_every_browser_family_of_the_full_plan_in_one_short_iteration():
     plan = plan_from_options({**DEFAULT_PLAN, "seed": 0})
     quick = make_plan(quick=True)
-    assert plan.families == FULL_FAMILIES and plan.iterations == 1
+    assert plan.families == DEFAULT_AGENT_FAMILIES == FULL_FAMILIES and plan.iterations == 1
     assert (plan.train_per_family, plan.heldout_per_family, plan.max_steps) == (
         quick.train_per_family, quick.heldout_per_family, quick.max_steps)  # fmt: skip
     chosen = plan_from_options({"quick": False, "seed": 2, "families": " radio, search ,"})

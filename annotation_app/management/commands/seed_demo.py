@@ -11,6 +11,7 @@ from annotation_app.candidates import candidate
 from annotation_app.models import Role, Step, Task, Trajectory, User
 from annotation_app.task_queue import next_task
 from annotation_app.trajectories import submit, typed_action
+from flywheel.demo_families import DEFAULT_AGENT_FAMILIES
 from flywheel.models import ModelVersion
 
 DEMO_PASSWORD = "demo-pass-123"
@@ -186,11 +187,10 @@ def first_for_newcomers() -> int:
     (`flywheel.demo.DEFAULT_PLAN`) first in the queue, so a newcomer's first live session is a task where its
     proposals make sense; it has never seen the desktop tasks above. A demonstration's own tasks (`…@<run>`) keep
     their place."""
-    from flywheel.demo import DEFAULT_PLAN
-
-    families = DEFAULT_PLAN["families"].split(",")
     return (
-        Task.objects.filter(metadata__suite__in=families, metadata__split="train", status=Task.Status.PENDING)
+        Task.objects.filter(
+            metadata__suite__in=DEFAULT_AGENT_FAMILIES, metadata__split="train", status=Task.Status.PENDING
+        )
         .exclude(external_id__contains="@")
         .update(importance=len(DEMO_TASKS) + 1)
     )
