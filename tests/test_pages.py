@@ -144,3 +144,6 @@ def test_a_newcomer_is_first_handed_a_browser_task_the_default_agent_learnt(demo
     task = next_task(newcomer).task
     assert task.metadata["suite"] in DEFAULT_AGENT_FAMILIES and task.metadata["split"] == "train"
     assert task.importance > max(t.importance for t in Task.objects.filter(external_id__startswith="demo2-"))
+    Task.objects.filter(pk=task.pk).update(importance=-5)  # a data lead puts it last: the next start keeps that
+    call_command("seed_demo", verbosity=0)
+    assert Task.objects.get(pk=task.pk).importance == -5

@@ -185,12 +185,11 @@ class Command(BaseCommand):
 def first_for_newcomers() -> int:
     """Put the suite's training instances of the browser families that scripts/run's default agent learns
     (`flywheel.demo.DEFAULT_PLAN`) first in the queue, so a newcomer's first live session is a task where its
-    proposals make sense; it has never seen the desktop tasks above. A demonstration's own tasks (`…@<run>`) keep
-    their place."""
+    proposals make sense; it has never seen the desktop tasks above. A demonstration's own tasks (`…@<run>`) and
+    tasks a data lead gave another importance keep their place (this runs on every scripts/run start)."""
     return (
-        Task.objects.filter(
-            metadata__suite__in=DEFAULT_AGENT_FAMILIES, metadata__split="train", status=Task.Status.PENDING
-        )
+        Task.objects.filter(metadata__suite__in=DEFAULT_AGENT_FAMILIES, metadata__split="train")
+        .filter(status=Task.Status.PENDING, importance=0)
         .exclude(external_id__contains="@")
         .update(importance=len(DEMO_TASKS) + 1)
     )
