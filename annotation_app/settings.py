@@ -288,6 +288,8 @@ VNC_PUBLIC_PORT = env("VNC_PUBLIC_PORT", env("VNC_PORT", "6080"))
 LIVE_LEASE_TTL_S = float(env("LIVE_LEASE_TTL_S", "900"))
 LIVE_CANDIDATES = int(env("LIVE_CANDIDATES", "4"))
 LIVE_TEMPERATURE = float(env("LIVE_TEMPERATURE", "1.0"))
+# The first candidate is the model's greedy answer, its best guess; the others are sampled at LIVE_TEMPERATURE.
+LIVE_GREEDY_FIRST = env_bool("LIVE_GREEDY_FIRST", True)
 LIVE_MAX_TOKENS = int(env("LIVE_MAX_TOKENS", "256"))
 LIVE_KEEP_IMAGES = int(env("LIVE_KEEP_IMAGES", "5"))
 # Browser sessions: give the model the page's outline of interactive elements with each screenshot (sandbox/outline.py),

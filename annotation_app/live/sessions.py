@@ -343,6 +343,7 @@ def propose(live_id: int, index: int) -> None:
                 n=settings.LIVE_CANDIDATES,
                 temperature=settings.LIVE_TEMPERATURE,
                 max_tokens=settings.LIVE_MAX_TOKENS,
+                greedy_first=settings.LIVE_GREEDY_FIRST,
             )
         finally:
             client.close()

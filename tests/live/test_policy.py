@@ -61,6 +61,17 @@ def test_proposals_from_the_embedded_server_parse_and_stay_on_screen(policy_url)
     client.close()
 
 
+def test_greedy_first_puts_the_models_most_likely_answer_before_sampled_alternatives(policy_url):
+    client = PolicyClient(policy_url, "tiny-uitars")
+    messages = build_messages("Close the window", [], jpeg(644, 420))
+    batch = client.propose(messages, width=644, height=420, n=3, seed=5, max_tokens=120, greedy_first=True)
+    greedy = client.propose(messages, width=644, height=420, n=1, temperature=0, max_tokens=120)
+    sampled = client.propose(messages, width=644, height=420, n=2, seed=5, max_tokens=120)
+    assert [p.raw for p in batch.proposals] == [p.raw for p in greedy.proposals + sampled.proposals]
+    assert batch.model == "tiny-uitars" and batch.latency_ms > 0
+    client.close()
+
+
 def test_unconstrained_output_of_a_random_model_is_shown_invalid_not_executed(policy_url):
     client = PolicyClient(policy_url, "tiny-uitars", constrain=False)
     batch = client.propose(build_messages("x", [], jpeg()), width=644, height=420, n=2, seed=1, max_tokens=30)

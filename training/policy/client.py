@@ -7,6 +7,7 @@ the caller shows it as invalid and never executes it.
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -139,7 +140,39 @@ class PolicyClient:
         temperature: float = 1.0,
         max_tokens: int = 256,
         seed: int | None = None,
+        greedy_first: bool = False,
     ) -> ProposalBatch:
+        """`n` proposals sampled at `temperature`. With `greedy_first`, the first is the model's most likely answer
+        (greedy decoding) and the other n-1 are sampled: the annotator always sees the model's best guess, and
+        alternatives beside it. The two requests go out together; the latency is the slower one's."""
+        if greedy_first and n > 1 and temperature > 0:
+            bodies = [self._proposal_body(messages, width, height, 1, 0.0, max_tokens, None),
+                      self._proposal_body(messages, width, height, n - 1, temperature, max_tokens, seed)]  # fmt: skip
+        else:
+            bodies = [self._proposal_body(messages, width, height, n, temperature, max_tokens, seed)]
+        started = time.perf_counter()
+        if len(bodies) == 1:
+            answers = [self.complete(bodies[0])]
+        else:
+            with ThreadPoolExecutor(max_workers=len(bodies)) as pool:
+                answers = list(pool.map(self.complete, bodies))
+        latency_ms = (time.perf_counter() - started) * 1000
+        proposals = []
+        for data in answers:
+            choices = sorted(data.get("choices", []), key=lambda c: c.get("index", 0))
+            proposals += [parse_proposal((c.get("message") or {}).get("content") or "", width, height) for c in choices]
+        return ProposalBatch(proposals=proposals, model=answers[0].get("model", self.model), latency_ms=latency_ms)
+
+    def _proposal_body(
+        self,
+        messages: list[dict[str, Any]],
+        width: int,
+        height: int,
+        n: int,
+        temperature: float,
+        max_tokens: int,
+        seed: int | None,
+    ) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": self.model, "messages": messages, "n": n, "temperature": temperature, "max_tokens": max_tokens,
         }  # fmt: skip
@@ -147,12 +180,7 @@ class PolicyClient:
             body["seed"] = seed
         if self.constrain:
             body["structured_outputs"] = {"regex": proposal_regex(width, height)}
-        started = time.perf_counter()
-        data = self.complete(body)
-        latency_ms = (time.perf_counter() - started) * 1000
-        choices = sorted(data.get("choices", []), key=lambda c: c.get("index", 0))
-        proposals = [parse_proposal((c.get("message") or {}).get("content") or "", width, height) for c in choices]
-        return ProposalBatch(proposals=proposals, model=data.get("model", self.model), latency_ms=latency_ms)
+        return body
 
 
 def load_model(
