@@ -361,7 +361,8 @@ def iteration_config(plan: DemoPlan, train: list[Task], heldout: list[Task], rft
     }  # fmt: skip
     if rft_tasks:
         config["rft"] = {"tasks": [t.pk for t in rft_tasks], "attempts": plan.rft_attempts,
-                         "max_steps": plan.max_steps, "concurrency": plan.concurrency, **plan.rft}  # fmt: skip
+                         "max_steps": plan.max_steps, "concurrency": plan.concurrency, "seed": plan.seed,
+                         **plan.rft}  # fmt: skip
     return config
 
 

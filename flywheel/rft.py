@@ -38,9 +38,11 @@ DEFAULTS: dict[str, Any] = {
     "concurrency": None,  # attempts at once; None: as many as the sandbox service has free (up to AUTO_CONCURRENCY)
     "constrain": True,  # grammar-constrained decoding, as live proposals: every reply parses
     "keep_images": 5,  # screenshots sent per turn (the last N), as UI-TARS-1.5 was trained
+    "seed": None,  # an integer seeds every request from (seed, task, attempt, turn): a rerun samples the same replies
 }
 LIMITS = {"attempts": (1, 64), "max_steps": (1, 100), "max_tokens": (16, 4096), "concurrency": (1, 64),
-          "keep_images": (1, 50)}  # fmt: skip
+          "keep_images": (1, 50), "seed": (0, 2**31 - 1)}  # fmt: skip
+OPTIONAL = ("concurrency", "seed")  # None: as many as the sandbox has free / unseeded
 AUTO_CONCURRENCY = 8  # threads when concurrency is not set; those beyond the sandbox's free capacity wait for a slot
 PROGRESS_EVERY_S = 1.0  # how often progress (and so a cancel request) is looked at while attempts run
 LEASE_TTL_S = 900.0  # a crashed run's sessions come back to the pool at the latest after this
@@ -63,7 +65,7 @@ def check_rft_config(d: dict[str, Any] | None) -> dict[str, Any]:
     out = {**DEFAULTS, **d}
     for name, (low, high) in LIMITS.items():
         value = out[name]
-        if value is None and name == "concurrency":
+        if value is None and name in OPTIONAL:
             continue
         if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
             raise ValueError(f"rft.{name} must be an integer from {low} to {high}, got {value!r}")
@@ -199,7 +201,7 @@ def _settings(config: dict[str, Any]) -> RolloutSettings:
     return RolloutSettings(
         max_steps=config["max_steps"], temperature=config["temperature"], max_tokens=config["max_tokens"],
         constrain=config["constrain"], keep_images=config["keep_images"], lease_ttl_s=LEASE_TTL_S,
-        capacity_wait_s=CAPACITY_WAIT_S,
+        capacity_wait_s=CAPACITY_WAIT_S, seed=config["seed"],
     )  # fmt: skip
 
 

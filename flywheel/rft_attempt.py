@@ -11,10 +11,12 @@ screen pixels by sandbox.coordinates when it is stored, as the live path does. T
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import tempfile
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -60,6 +62,7 @@ class RolloutSettings:
     keep_images: int  # screenshots sent to the model: the last N, as UI-TARS-1.5 was trained
     lease_ttl_s: float
     capacity_wait_s: float  # how long an attempt waits for a free sandbox before it counts as an error
+    seed: int | None = None  # seeds each request (request_seed); None: unseeded
 
 
 @dataclass(frozen=True)
@@ -298,6 +301,13 @@ class _Constrained:
         self.client.close()
 
 
+def request_seed(seed: int, task: Task, attempt: int, turn: int) -> int:
+    """The sampling seed of one model request: from the run's seed, the task's content (not its row id, so the
+    same task imported again draws the same), the attempt and the turn; attempts of a task differ from each other."""
+    content = json.dumps([task.instruction, task.setup_config], sort_keys=True)
+    return zlib.crc32(f"{seed}:{attempt}:{turn}:{content}".encode()) & 0x7FFFFFFF
+
+
 def task_spec(task: Task) -> dict[str, Any]:
     """The task as SandboxEnv reads it (OSWorld's shape)."""
     return {"id": f"task{task.pk}", "instruction": task.instruction, "config": task.setup_config,
@@ -353,7 +363,8 @@ def _play(spec: AttemptSpec, run: RolloutSettings, gate: CapacityGate, stop: thr
                     width, height = client.mapping.model_size
                     policy.client = _Constrained(policy.client, proposal_regex(width, height))  # type: ignore[assignment]
                 recorder.turn_started, clock = timezone.now(), time.perf_counter()
-                answer = policy.generate_one(recent_images(messages, run.keep_images), base_dir=Path(tmp))
+                seed = None if run.seed is None else request_seed(run.seed, task, spec.attempt, recorder.index)
+                answer = policy.generate_one(recent_images(messages, run.keep_images), base_dir=Path(tmp), seed=seed)
                 recorder.latency_ms = round((time.perf_counter() - clock) * 1000)
                 return answer
 

@@ -206,7 +206,9 @@ class RemotePolicy:
         version = self.version
         return [self.generate_one(c)[0] for c in conversations], version
 
-    def generate_one(self, conversation: list[dict[str, Any]], base_dir: Path | None = None) -> tuple[Reply, int]:
+    def generate_one(self, conversation: list[dict[str, Any]], base_dir: Path | None = None,
+                     seed: int | None = None) -> tuple[Reply, int]:  # fmt: skip
+        """One reply to `conversation`; `seed` makes the server's sampling reproducible (vLLM and the embedded one)."""
         version = self.version
         body = {
             "model": self.model,
@@ -215,6 +217,8 @@ class RemotePolicy:
             "temperature": self.sampling.temperature,
             "top_p": self.sampling.top_p,
         }
+        if seed is not None:
+            body["seed"] = seed
         if self.record_logprobs:  # OpenAI's logprobs plus vLLM's token ids: no second forward pass to know them
             body.update(logprobs=True, return_token_ids=True)
         choice = self.client.complete(body)["choices"][0]

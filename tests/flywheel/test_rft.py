@@ -16,6 +16,7 @@ from flywheel import rft
 from flywheel.iterations import Cancelled, gather
 from flywheel.models import Iteration, ModelVersion
 from flywheel.rft import RFTError, check_rft_config, rollouts_of, run_rft, select_tasks
+from flywheel.rft_attempt import request_seed
 from flywheel.validation import HELD, VConfig, validate
 from sandbox.actions import action_points, parse_actions
 from sandbox.client import SessionGoneError
@@ -74,6 +75,7 @@ def test_the_rft_config_gets_its_defaults_and_bad_settings_are_named():
     assert config["attempts"] == 4 and config["concurrency"] is None and config["tasks"] == []
     assert check_rft_config({"attempts": 2, "domains": [" os ", "os"], "tasks": [3, 1, 3]})["domains"] == ["os"]
     assert check_rft_config({"tasks": [3, 1, 3]})["tasks"] == [1, 3]
+    assert config["seed"] is None and check_rft_config({"seed": 7})["seed"] == 7
     for bad, words in [
         ({"attempt": 2}, "unknown RFT setting(s): attempt"),
         ({"attempts": 0}, "rft.attempts must be an integer from 1 to 64"),
@@ -84,10 +86,22 @@ def test_the_rft_config_gets_its_defaults_and_bad_settings_are_named():
         ({"tasks": ["a"]}, "rft.tasks must be a list of task ids"),
         ({"domains": [""]}, "rft.domains"),
         ({"constrain": "yes"}, "rft.constrain must be true or false"),
+        ({"seed": -1}, "rft.seed must be an integer from 0 to 2147483647"),
+        ({"seed": "7"}, "rft.seed"),
     ]:
         with pytest.raises(ValueError) as error:
             check_rft_config(bad)
         assert words in str(error.value)
+
+
+def test_a_seeded_request_depends_on_the_tasks_content_attempt_and_turn_not_its_row():
+    task = Task(pk=1, instruction="Click OK", setup_config=[{"type": "launch", "parameters": {"command": ["xterm"]}}])
+    again = Task(pk=2, instruction=task.instruction, setup_config=task.setup_config)  # the same task imported again
+    other = Task(pk=1, instruction="Click Cancel", setup_config=task.setup_config)
+    seed = request_seed(7, task, 0, 0)
+    assert request_seed(7, again, 0, 0) == seed and 0 <= seed < 2**31
+    assert len({seed, request_seed(8, task, 0, 0), request_seed(7, task, 1, 0), request_seed(7, task, 0, 1),
+                request_seed(7, other, 0, 0)}) == 5  # fmt: skip
 
 
 @pytest.mark.django_db

@@ -113,6 +113,10 @@ def test_trainer_rollouts_reach_the_embedded_server_with_images_as_data_urls(pol
                                                {"type": "image", "image": "shot.png"}]}]  # fmt: skip
     reply, version = remote.generate_one(image_turn, base_dir=tmp_path)
     assert version == 4 and isinstance(reply.text, str)
+    remote.sampling = SamplingParams(max_new_tokens=24)
+    seeded = [remote.generate_one(image_turn, base_dir=tmp_path, seed=11)[0] for _ in range(2)]
+    assert seeded[0] == seeded[1]  # a seeded request samples the same reply again
+    remote.sampling = SamplingParams(max_new_tokens=3)
     episode = run_episode(CopyEnv(turns=2), remote.generate_one, seed=3)
     assert [m["version"] for m in episode.messages if m["role"] == "assistant"] == [4, 4]
     # one token: either the end token (an empty reply that stopped) or a cut reply, as the server's finish_reason says
