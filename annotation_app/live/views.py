@@ -56,6 +56,7 @@ def live_page(request: HttpRequest, pk: int) -> HttpResponse:
         "templates": ACTION_TEMPLATES,
         "hotkeys": HOTKEY_KEYS,
         "vnc_port": settings.VNC_PUBLIC_PORT,
+        "greedy_first": settings.LIVE_GREEDY_FIRST and settings.LIVE_CANDIDATES > 1,
         "live_ws_url": ws_url(request, f"/ws/live/{trajectory.pk}/"),
     }
     return render(request, "annotation_app/live.html", context)

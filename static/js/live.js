@@ -108,6 +108,12 @@ function renderCandidates() {
     const thought = document.createElement("span");
     thought.textContent = c.thought || "(no thought)";
     head.append(thought);
+    if (i === 0 && root.dataset.greedyFirst === "1") {
+      const best = document.createElement("span");
+      best.className = "badge best"; best.textContent = "best guess";
+      best.title = "The model's most likely answer (greedy decoding); the others are sampled alternatives.";
+      head.append(" ", best);
+    }
     const code = document.createElement("code");
     code.textContent = c.error ? c.raw : c.action_text;
     li.append(head, code);

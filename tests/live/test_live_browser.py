@@ -44,6 +44,9 @@ def test_an_annotator_accepts_overrides_and_finishes_in_the_browser(chromium, em
     expect(page.locator("#candidates .candidate")).to_have_count(3, timeout=90_000)
     shown = LiveSession.objects.get(trajectory__annotator=annotator).candidates
     expect(page.locator("#overlay .mark")).to_have_count(sum(len(c["points"]) for c in shown))
+    # The first is the model's greedy answer, labelled as its best guess; the others are sampled.
+    expect(page.locator("#candidates .best")).to_have_count(1)
+    expect(page.locator("#candidates .candidate").first.locator(".best")).to_have_text("best guess")
 
     # An invalid override is flagged as it is typed and never runs.
     page.fill("#override-action", "click(start_box='(5,5)'")
