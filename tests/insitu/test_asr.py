@@ -21,7 +21,7 @@ from annotation_app.insitu import asr, whisper_weights
 from annotation_app.insitu.asr import FASTER_WHISPER, OPENAI_WHISPER, Transcript, get_transcriber
 from annotation_app.insitu.audio import SAMPLE_RATE, AudioError, duration_seconds, load_audio, probe_duration
 
-from .captures import SCRIPT_WER, normalize, wer
+from .captures import SCRIPT_WER, wer
 
 # Sentences long enough (10+ words) for tiny.en to hear them within the WER bound on any CPU: its int8 kernels differ
 # between CPUs, so no test depends on the exact words it hears.
@@ -166,11 +166,15 @@ def test_converted_model_matches_ctranslate2(speech, whisper_cache):
     assert np.abs(encoded.numpy() - ct2_encoded).max() < 1e-3
     kept = ct2_logits > -1e30  # ctranslate2 reports suppressed tokens as the lowest float
     assert np.abs(torch_logits[kept] - ct2_logits[kept]).max() < 1e-2
-    assert (torch_logits.argmax(-1) == ct2_logits.argmax(-1)).all()
+    # The same next token wherever the choice is clear; a near tie may go either way on another CPU's numerics.
+    top2 = np.sort(np.where(kept, ct2_logits, -np.inf), axis=-1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 2e-2
+    assert clear.sum() >= 0.8 * len(clear)
+    assert (torch_logits.argmax(-1) == ct2_logits.argmax(-1))[clear].all()
 
     options = whisper.DecodingOptions(language="en", without_timestamps=True, fp16=False)
     torch_text = whisper.decode(converted, mel[0], options).text
-    assert normalize(torch_text) == normalize(tokenizer.decode(tokens))
+    assert wer(tokenizer.decode(tokens), torch_text) <= 0.1  # equal but for a near tie's word
     assert wer(SECOND, torch_text) <= SCRIPT_WER
 
 

@@ -162,12 +162,14 @@ def test_constrained_candidates_stream_with_logprobs_as_they_are_answered_whole(
 
 
 def test_a_client_that_leaves_a_stream_stops_its_generation(client, server_url):
-    """Greedy, the tiny model never ends its answer to "hi", so 4096 tokens take minutes here; leaving after a few
-    chunks must free the server at the next token, or the next request waits behind the abandoned one."""
+    """A grammar that only a 4096-letter answer completes keeps the model from ending early, whatever it would say,
+    so 4096 tokens take minutes here; leaving after a few chunks must free the server at the next token, or the next
+    request waits behind the abandoned one."""
     endless = [{"role": "user", "content": "hi"}]
-    probe = client.chat.completions.create(model=MODEL, messages=endless, temperature=0, max_tokens=150)
+    letters = {"structured_outputs": {"regex": "[a-z]{4096}"}}
+    probe = client.chat.completions.create(model=MODEL, messages=endless, max_tokens=150, extra_body=letters)
     assert probe.choices[0].finish_reason == "length"
-    body = {"model": MODEL, "messages": endless, "temperature": 0, "max_tokens": 4096, "stream": True}
+    body = {"model": MODEL, "messages": endless, "max_tokens": 4096, "stream": True, **letters}
     with httpx.stream("POST", f"{server_url}/chat/completions", json=body, timeout=120) as raw:
         for n, _ in enumerate(raw.iter_lines()):
             if n == 10:
