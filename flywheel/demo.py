@@ -530,6 +530,11 @@ def summary_lines(root: ModelVersion) -> list[str]:
         acc = f"{accepted.get('accepted', 0)}/{accepted.get('n', 0)}" if accepted else "—"
         lines.append(f"{row['number']:>2} {held:>26} {share['successes']:>5}/{share['n']:<6} {acc:>12} "
                      f"{row['promoted']!s:>8} {row['wall_s'] or 0:>7.0f}")  # fmt: skip
+    goals = report["goals"]
+    if goals:
+        for who, g in (("last", goals), (f"kept (it {goals['kept']['number']})", goals["kept"])):
+            ratio = "—" if g["ratio"] is None else f"x{g['ratio']:.2f}"
+            lines.append(f"{who} vs it 0: {ratio}, doubled {g['doubled']}, intervals apart {g['intervals_apart']}")
     return lines
 
 

@@ -171,6 +171,16 @@ def iteration_row(iteration: Iteration, number: int) -> dict[str, Any]:
     }
 
 
+def against(first: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
+    """The success goal of a later held-out result over iteration 0's: the ratio, doubled, 95 % intervals apart."""
+    rates = first["rate"], later["rate"]
+    return {
+        "ratio": (rates[1] / rates[0]) if rates[0] else None,
+        "doubled": bool(None not in rates and rates[1] >= 2 * rates[0] and rates[1] > 0),
+        "intervals_apart": later["ci_low"] > first["ci_high"],
+    }
+
+
 def build_report(root: ModelVersion) -> dict[str, Any]:
     """The demonstration of `root` as one JSON-ready dict (the page, the PNG and report.json all draw on it)."""
     iterations = iterations_of(root)
@@ -187,15 +197,15 @@ def build_report(root: ModelVersion) -> dict[str, Any]:
     ends = [it.finished_at for it in iterations if it.finished_at]
     goals = None
     if first and last and len(rows) > 1:
+        kept = next((row for row in reversed(rows) if row["promoted"] and row["heldout"]), rows[0])
         goals = {
-            "ratio": (last["rate"] / first["rate"]) if first["rate"] else None,
-            "doubled": bool(first["rate"] is not None and last["rate"] is not None and last["rate"] >= 2 * first["rate"]
-                            and last["rate"] > 0),
-            "intervals_apart": last["ci_low"] > first["ci_high"],
+            **against(first, last),
             "monotone_within_ci": all(
                 b["heldout"]["overall"]["ci_high"] >= a["heldout"]["overall"]["rate"]
                 for a, b in itertools.pairwise(rows) if a["heldout"] and b["heldout"]
             ),
+            # what the loop leaves serving: the last promoted model (a worse one is never promoted)
+            "kept": {"number": kept["number"], **against(first, kept["heldout"]["overall"])},
         }  # fmt: skip
     return {
         "root": root.name,

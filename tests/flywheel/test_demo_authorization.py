@@ -8,6 +8,7 @@ import pytest
 from django.urls import reverse
 
 from annotation_app.models import Step, Task, Trajectory
+from flywheel.demo import summary_lines
 from flywheel.demo_report import build_report, plot_png
 from flywheel.models import Iteration, ModelVersion, Route, Validation
 from training.evaluate import wilson_interval
@@ -24,8 +25,9 @@ DEMO_MATRIX: list[tuple[str, str, str, set[str]]] = [
 DEMO_ROUTES = {name for name, *_ in DEMO_MATRIX}  # tests/test_authorization.py takes these as covered
 
 
-def _demo() -> ModelVersion:
-    """A finished two-iteration demonstration as the runner leaves it in the database."""
+def _demo(results: tuple[tuple[int, int, bool], ...] = ((1, 1, True), (3, 2, True))) -> ModelVersion:
+    """A finished demonstration as the runner leaves it in the database: per iteration (held-out wins of 4, new
+    trajectories routed to SFT of 2, promoted)."""
     root = ModelVersion.objects.create(name="demo-agent-s0-x", checkpoint_uri="/m/0", notes='plan {"seed": 0}')
     tasks = {}
     for family in ("click-button", "radio"):
@@ -35,7 +37,7 @@ def _demo() -> ModelVersion:
                 domain=f"suite-{family}", metadata={"suite": family, "seed": seed, "split": split, "difficulty": 1},
             )  # fmt: skip
     base, made = root, []
-    for number, (wins, sft) in enumerate(((1, 1), (3, 2))):
+    for number, (wins, sft, promoted) in enumerate(results):
         stages = ["validate", "export", "sft", "evaluate"]
         iteration = Iteration.objects.create(base_model=base, status=Iteration.Status.SUCCEEDED, selected_stages=stages)
         model = ModelVersion.objects.create(name=f"it{iteration.pk}-sft", checkpoint_uri="/m", parent=base,
@@ -45,7 +47,7 @@ def _demo() -> ModelVersion:
             tasks["radio", "heldout"].external_id: {"episodes": 2, "successes": max(wins - 2, 0)},
         }
         new = {"episodes": 4, "successes": wins, "by_task": by_task}
-        output = {"model_id": model.pk, "promoted": True, "new": new,
+        output = {"model_id": model.pk, "promoted": promoted, "new": new,
                   "parent": {"episodes": 4, "successes": 0, "by_task": {}}}  # fmt: skip
         iteration.stages = {
             "validate": {"status": "done", "seconds": 1.5},
@@ -108,6 +110,17 @@ def test_bad_roots_are_400_with_the_reason_and_no_run_is_said(make_user):
     assert client.get(reverse("flywheel-demo-json") + f"?root={root.pk}").json()["root"] == root.name
 
 
+def test_the_goals_name_the_model_the_loop_kept_when_the_last_one_was_not_promoted(db):
+    root = _demo(((1, 1, True), (3, 2, True), (1, 2, False)))
+    goals = build_report(root)["goals"]
+    assert (goals["ratio"], goals["doubled"]) == (1.0, False)  # the last iteration's own model
+    assert goals["kept"] == {"number": 1, "ratio": 3.0, "doubled": True, "intervals_apart": False}
+    assert summary_lines(root)[-2:] == [  # the command's closing lines say both
+        "last vs it 0: x1.00, doubled False, intervals apart False",
+        "kept (it 1) vs it 0: x3.00, doubled True, intervals apart False",
+    ]
+
+
 def test_the_report_is_computed_from_the_database(make_user):
     root = _demo()
     report = build_report(root)
@@ -124,6 +137,7 @@ def test_the_report_is_computed_from_the_database(make_user):
     assert last["stages"]["sft"]["seconds"] == 30.0 and last["stages"]["validate"]["trajectories"] == 2
     assert last["stages"]["annotation"]["trajectories"] == 2 and last["promoted"] is True
     assert report["goals"]["doubled"] is True and report["simulated_trajectories"] == 4
+    assert report["goals"]["kept"] == {"number": 1, "ratio": 3.0, "doubled": True, "intervals_apart": False}
     assert plot_png(report)[:8] == b"\x89PNG\r\n\x1a\n"
     page = _reader(make_user).get(reverse("flywheel-demo")).content.decode()
     assert "Held-out success per family" in page and "click-button" in page and "3/4" in page
