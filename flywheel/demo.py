@@ -131,19 +131,38 @@ def make_plan(*, quick: bool = False, seed: int = 0, families: list[str] | None 
 # --- the stack -------------------------------------------------------------------------------------------------------
 
 
-def check_stack(base_url: str) -> list[str]:
-    """What the demonstration needs and does not find running: the web app (for the simulated annotators), the
-    sandbox service, the embedded policy server and a Celery worker on each queue it uses."""
+def policy_check() -> tuple[str, str]:
+    """The embedded policy server's health check, as (what, url)."""
+    return "the policy server", settings.EMBEDDED_POLICY_URL.rstrip("/").removesuffix("/v1") + "/health"
+
+
+def unanswered(checks: list[tuple[str, str]]) -> list[str]:
+    """For each (what, url) that does not answer 200, a line saying so."""
     problems = []
-    policy = settings.EMBEDDED_POLICY_URL.rstrip("/").removesuffix("/v1") + "/health"
-    checks = [("the web app", f"{base_url.rstrip('/')}/healthz"),
-              ("the sandbox service", f"{settings.SANDBOX_URL}/docs"), ("the policy server", policy)]  # fmt: skip
     for what, url in checks:
         try:
             if httpx.get(url, timeout=5).status_code != 200:
                 problems.append(f"{what} at {url} does not answer 200")
         except httpx.HTTPError as exc:
             problems.append(f"{what} at {url} does not answer ({type(exc).__name__})")
+    return problems
+
+
+def waited(check: Callable[[], list[str]], wait_s: float, every_s: float = 2.0) -> list[str]:
+    """`check()`'s problems, asked again every `every_s` for up to `wait_s` while there are any: a stack just started
+    brings its processes up one by one (the policy server loads its model, the workers come up last)."""
+    problems, deadline = check(), time.monotonic() + wait_s
+    while problems and time.monotonic() < deadline:
+        time.sleep(every_s)
+        problems = check()
+    return problems
+
+
+def check_stack(base_url: str) -> list[str]:
+    """What the demonstration needs and does not find running: the web app (for the simulated annotators), the
+    sandbox service, the embedded policy server and a Celery worker on each queue it uses."""
+    problems = unanswered([("the web app", f"{base_url.rstrip('/')}/healthz"),
+                           ("the sandbox service", f"{settings.SANDBOX_URL}/docs"), policy_check()])  # fmt: skip
     from annotation_app.celery import app
 
     try:
@@ -556,11 +575,7 @@ def run_demo_command(stdout: Any, options: dict[str, Any]) -> ModelVersion:
         plan = plan_from_options(options)
     except DemoError as exc:
         raise CommandError(str(exc)) from None
-    problems = check_stack(base_url)
-    deadline = time.monotonic() + float(options.get("wait") or 0)
-    while problems and time.monotonic() < deadline:  # a stack just started: its workers come up last
-        time.sleep(2.0)
-        problems = check_stack(base_url)
+    problems = waited(lambda: check_stack(base_url), float(options.get("wait") or 0))
     if problems:
         raise CommandError("the demonstration needs the stack up (scripts/demo-flywheel starts it): "
                            + "; ".join(problems))  # fmt: skip
@@ -656,5 +671,8 @@ def run_default_agent_command(stdout: Any, options: dict[str, Any]) -> None:
         stdout.write(f"no default agent in {default_dir()} yet: training it with a short demonstration")
         root = run_demo_command(stdout, {**options, **DEFAULT_PLAN, "seed": options.get("seed") or 0})
         stdout.write(f"default agent cached in {install_default(root)}")
+    problems = waited(lambda: unanswered([policy_check()]), float(options.get("wait") or 0))
+    if problems:  # scripts/run starts this beside the stack: the policy server may still be loading its model
+        raise DemoError("; ".join(problems))
     model = serve_default()
     stdout.write(f"the default agent {model.name} serves live proposals (active: {model.is_active})")

@@ -4,10 +4,13 @@ iteration it stops following is cancelled."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
+from flywheel import demo
 from flywheel.demo import (
     DEFAULT_PLAN,
     DemoError,
@@ -71,6 +74,22 @@ def test_the_command_names_what_is_not_running(settings, db):
         call_command("flywheel", "demo", "--quick", "--base-url", f"http://127.0.0.1:{closed}")
     with pytest.raises(CommandError, match="unknown family"):
         call_command("flywheel", "demo", "--families", "nope")
+
+
+def test_the_default_agent_waits_for_the_policy_server_and_says_when_it_never_answers(settings, db, tmp_path,
+                                                                                       monkeypatch):  # fmt: skip
+    cached = tmp_path / "suite-agent"
+    cached.mkdir()
+    (cached / "config.json").write_text("{}")  # cached: no training, only serving it
+    monkeypatch.setattr(demo, "default_dir", lambda: cached)
+    settings.EMBEDDED_POLICY_URL = f"http://127.0.0.1:{free_port()}/v1"
+    started = time.monotonic()
+    with pytest.raises(CommandError, match=r"the policy server at http://127\.0\.0\.1:\d+/health does not answer"):
+        call_command("flywheel", "default-agent", "--wait", "3")
+    assert time.monotonic() - started >= 3
+    answers = iter([["not yet"], ["not yet"], []])  # a server that comes up on the third look
+    assert demo.waited(lambda: next(answers), 30, every_s=0.01) == []
+    assert demo.waited(lambda: ["down"], 0.05, every_s=0.01) == ["down"]
 
 
 @pytest.mark.parametrize("how", ["ctrl-c", "timeout"])

@@ -67,10 +67,13 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["action"] in ("demo", "default-agent"):
-            from flywheel.demo import run_default_agent_command, run_demo_command
+            from flywheel.demo import DemoError, run_default_agent_command, run_demo_command
 
             command = run_demo_command if options["action"] == "demo" else run_default_agent_command
-            command(self.stdout, options)
+            try:
+                command(self.stdout, options)
+            except DemoError as exc:  # a message for the log, not a traceback
+                raise CommandError(str(exc)) from None
             return
         if options["action"] == "requeue-stalled":
             found = requeue_stalled(options["stall"] or settings.FLYWHEEL_STALL_S)
