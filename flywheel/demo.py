@@ -616,7 +616,8 @@ def best_model(root: ModelVersion) -> ModelVersion:
     from .demo_report import lineage
 
     models = lineage(root)
-    active = next((m for m in models if m.is_active), None)
+    # from the database: the caller's `root` may be the object the run promoted at its start, still marked active
+    active = ModelVersion.objects.filter(pk__in=[m.pk for m in models], is_active=True).first()
     if active is not None:
         return active
     rated = [m for m in models if registry.held_out_rate(m) is not None]

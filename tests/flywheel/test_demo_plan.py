@@ -92,6 +92,23 @@ def test_the_default_agent_waits_for_the_policy_server_and_says_when_it_never_an
     assert demo.waited(lambda: ["down"], 0.05, every_s=0.01) == ["down"]
 
 
+def test_the_default_agent_is_the_model_the_demonstration_promoted_not_its_stale_root(db):
+    from flywheel import registry
+    from flywheel.models import ModelVersion
+
+    root = ModelVersion.objects.create(name="demo-agent-s0-x", checkpoint_uri="/m/0")
+    registry.promote(root, by=None, force=True, reason="the untrained agent starts")  # as run_demo does, on this very object
+    trained = ModelVersion.objects.create(name="it1-sft", checkpoint_uri="/m/1", parent=root,
+                                          evaluation={"new": {"success_rate": 0.25}})  # fmt: skip
+    ModelVersion.objects.create(name="it2-ppo", checkpoint_uri="/m/2", parent=trained,
+                                evaluation={"new": {"success_rate": 0.5}})  # fmt: skip
+    registry.promote(ModelVersion.objects.get(pk=trained.pk), by=None, force=True, reason="iteration 0 wins")
+    assert root.is_active  # the run's own object still says so
+    assert demo.best_model(root) == trained  # the active one, though a later model rated higher was not promoted
+    ModelVersion.objects.update(is_active=False)
+    assert demo.best_model(root).name == "it2-ppo"  # none active: the best evaluated
+
+
 @pytest.mark.parametrize("how", ["ctrl-c", "timeout"])
 def test_an_iteration_the_demonstration_stops_following_is_cancelled(db, how):
     """Ctrl-C (or the iteration's timeout) while the demonstration waits cancels the iteration, so its worker stops
