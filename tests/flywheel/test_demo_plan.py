@@ -97,7 +97,8 @@ def test_the_default_agent_is_the_model_the_demonstration_promoted_not_its_stale
     from flywheel.models import ModelVersion
 
     root = ModelVersion.objects.create(name="demo-agent-s0-x", checkpoint_uri="/m/0")
-    registry.promote(root, by=None, force=True, reason="the untrained agent starts")  # as run_demo does, on this very object
+    # as run_demo does, on this very object
+    registry.promote(root, by=None, force=True, reason="the untrained agent starts")
     trained = ModelVersion.objects.create(name="it1-sft", checkpoint_uri="/m/1", parent=root,
                                           evaluation={"new": {"success_rate": 0.25}})  # fmt: skip
     ModelVersion.objects.create(name="it2-ppo", checkpoint_uri="/m/2", parent=trained,
