@@ -565,27 +565,21 @@ def plan_from_options(options: dict[str, Any]) -> DemoPlan:
 
 
 def run_demo_command(stdout: Any, options: dict[str, Any]) -> ModelVersion:
-    """`manage.py flywheel demo`: check the stack, run the demonstration with a progress bar, write the results."""
+    """`manage.py flywheel demo`: check the stack, run the demonstration with a progress bar, write the results.
+    DemoError says what stopped it (the command prints it as its error)."""
     import os
 
-    from django.core.management.base import CommandError
-
     base_url = options.get("base_url") or f"http://127.0.0.1:{os.environ.get('WEB_PORT', '8000')}"
-    try:
-        plan = plan_from_options(options)
-    except DemoError as exc:
-        raise CommandError(str(exc)) from None
+    plan = plan_from_options(options)
     problems = waited(lambda: check_stack(base_url), float(options.get("wait") or 0))
     if problems:
-        raise CommandError("the demonstration needs the stack up (scripts/demo-flywheel starts it): "
-                           + "; ".join(problems))  # fmt: skip
+        needs = "the demonstration needs the stack up (scripts/demo-flywheel starts it)"
+        raise DemoError(f"{needs}: {'; '.join(problems)}")
     stdout.write(f"flywheel demonstration: {json_plan(plan)}")
     bar = TerminalProgress(plan, stdout._out if hasattr(stdout, "_out") else stdout)
     started = time.monotonic()
     try:
         root = run_demo(plan, base_url, bar)
-    except DemoError as exc:
-        raise CommandError(str(exc)) from None
     finally:
         bar.close()
     out = Path(options.get("out") or Path(settings.BASE_DIR) / "var" / "demo" / root.name)
