@@ -7,12 +7,14 @@ The report is computed afterwards from the database (`flywheel/demo_report.py`).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
+import signal
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
@@ -21,7 +23,7 @@ from typing import Any
 
 import httpx
 from django.conf import settings
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.utils import timezone
 
 from annotation_app.evaluation import evaluate_trajectory
@@ -429,9 +431,31 @@ def abandon(iteration: Iteration, wait_s: float = CANCEL_WAIT_S) -> None:
     except IterationError:  # it has just ended
         return
     deadline = time.monotonic() + wait_s
-    while not iteration.finished and time.monotonic() < deadline:
-        time.sleep(0.5)
-        iteration.refresh_from_db()
+    try:
+        while not iteration.finished and time.monotonic() < deadline:
+            time.sleep(0.5)
+            iteration.refresh_from_db()
+    except DatabaseError:  # the stack is going down (scripts/run's exit): the cancel request is stored already
+        log.warning("iteration %s: database gone while waiting for its worker to stop", iteration.pk)
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM (scripts/run's exit, `kill`, a supervisor) stops the command as Ctrl-C does: KeyboardInterrupt reaches
+    `follow`, which cancels the running iteration instead of leaving it to run on (or be requeued) without anyone
+    following it. Only the main thread can take signals; elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def active_model(fallback: ModelVersion) -> ModelVersion:

@@ -4,6 +4,8 @@ iteration it stops following is cancelled."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pytest
@@ -128,3 +130,33 @@ def test_an_iteration_the_demonstration_stops_following_is_cancelled(db, how):
     iteration.refresh_from_db()
     assert seen[0] == (Stage.VALIDATE, 2)
     assert iteration.status == Iteration.Status.CANCELLED and iteration.cancel_requested
+
+
+def test_sigterm_stops_the_demonstration_as_ctrl_c_does_and_cancels_what_it_follows(db):
+    """scripts/run stops its default-agent training with SIGTERM: a real signal reaches `follow` as an interrupt, the
+    iteration is cancelled rather than left for a worker to requeue, and the previous handler is back afterwards."""
+    iteration = start_iteration(None, enqueue=False, stages=[Stage.VALIDATE])
+
+    def progress(stage: str, number: int, done: int | None, total: int | None) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler interrupts this sleep
+
+    before = signal.getsignal(signal.SIGTERM)
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt), demo.sigterm_interrupts():
+        follow(iteration, [Stage.VALIDATE], 1, progress, timeout_s=60)
+    assert time.monotonic() - started < 4
+    iteration.refresh_from_db()
+    assert iteration.status == Iteration.Status.CANCELLED and iteration.cancel_requested
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_the_command_says_it_was_stopped_and_exits_130_on_sigterm(db, monkeypatch):
+    def terminated(stdout, options):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+
+    monkeypatch.setattr(demo, "run_demo_command", terminated)
+    with pytest.raises(CommandError, match="stopped") as caught:
+        call_command("flywheel", "demo", "--quick")
+    assert caught.value.returncode == 130

@@ -67,13 +67,17 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["action"] in ("demo", "default-agent"):
-            from flywheel.demo import DemoError, run_default_agent_command, run_demo_command
+            from flywheel.demo import DemoError, run_default_agent_command, run_demo_command, sigterm_interrupts
 
             command = run_demo_command if options["action"] == "demo" else run_default_agent_command
             try:
-                command(self.stdout, options)
+                with sigterm_interrupts():
+                    command(self.stdout, options)
             except DemoError as exc:  # a message for the log, not a traceback
                 raise CommandError(str(exc)) from None
+            except KeyboardInterrupt:
+                stopped = "stopped (Ctrl-C or SIGTERM); the iteration it was following, if any, is cancelled"
+                raise CommandError(stopped, returncode=130) from None
             return
         if options["action"] == "requeue-stalled":
             found = requeue_stalled(options["stall"] or settings.FLYWHEEL_STALL_S)
