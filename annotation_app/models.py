@@ -350,6 +350,11 @@ class LiveSession(models.Model):
     )
     proposal_error = models.TextField(blank=True)
     proposal_latency_ms = models.PositiveIntegerField(null=True, blank=True)
+    proposal_seed = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Makes the sampled proposals reproducible: step i's request is seeded from it and i.",
+    )
     observation_outline = models.JSONField(
         null=True,
         blank=True,

@@ -215,7 +215,7 @@ class Annotator:
             "overridden": 0, "no_proposals": 0, "mistakes": 0, "end_reason": "", "outcome": None, "error": "",
         }  # fmt: skip
         try:
-            state = self.call("POST", "/api/live/", json={"task": task.pk})
+            state = self.call("POST", "/api/live/", json={"task": task.pk, "seed": session_seed(self.seed, task)})
             result["trajectory"] = pk = state["trajectory"]
             state = self.wait(pk, 0, START_TIMEOUT_S + PROPOSAL_TIMEOUT_S)
             while state["status"] == LiveSession.Status.ACTIVE and result["steps"] < self.max_steps:
@@ -281,6 +281,12 @@ class Annotator:
         if after["status"] != LiveSession.Status.ACTIVE:
             return after
         return self.wait(pk, index + 1, PROPOSAL_TIMEOUT_S)
+
+
+def session_seed(seed: int, task: Task) -> int:
+    """The seed of a live session's sampled proposals: from the run's seed and the suite instance, as the mistakes."""
+    meta = task.metadata
+    return random.Random(f"{seed}:live:{meta['suite']}:{meta['seed']}:{meta['difficulty']}").randrange(2**31)
 
 
 def mistake_draw(seed: int, task: Task, index: int) -> float:

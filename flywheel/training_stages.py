@@ -66,11 +66,22 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     },
     # The suite agent (training/agent.py, docs/agent.md) on a 2-core CPU: a from-scratch model needs a high learning
     # rate and several passes over a few hundred oracle demonstrations; PPO is short, on browser suite tasks. Its
-    # tokenizer is byte-level: a click naming a long outline line is up to ~180 tokens, hence 200 new tokens.
+    # tokenizer is byte-level: a click naming a long outline line is up to ~180 tokens, hence 200 new tokens. The
+    # store's layout follows trajectory ids (when concurrent annotators and RFT attempts started): shuffling by content
+    # makes the same data train the same model.
     "suite-cpu": {
-        "ct": {"batch_episodes": 8, "micro_batch": 8, "epochs": 1, "lr": 1e-3, "max_length": 4096, "save_every": 50},
+        "ct": {
+            "batch_episodes": 8,
+            "micro_batch": 8,
+            "epochs": 1,
+            "lr": 1e-3,
+            "max_length": 4096,
+            "save_every": 50,
+            "shuffle": True,
+        },
         "sft": {
             "batch_episodes": 8,
+            "shuffle": True,
             "micro_batch": 8,
             "epochs": 6,
             "lr": 3e-3,

@@ -8,7 +8,10 @@ so the result does not depend on the number of processes or the micro-batch size
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import math
+import random
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -45,17 +48,44 @@ class SFTConfig:
     keep: int = 2  # checkpoints kept
     resume: bool = False  # continue from the run directory's latest checkpoint
     seed: int = 0
+    # Each epoch in a seeded order that depends only on the episodes' content, not on how the store is laid out (which
+    # is by trajectory id, i.e. by when concurrent annotators happened to start): the same data trains the same model.
+    shuffle: bool = False
     lora: LoraSettings = field(default_factory=LoraSettings)
     pack: bool = True  # padding-free micro-batches (training.packing); text-only batches
     progress: bool = True
 
 
-def episode_batches(path: str, size: int, epochs: int, skip: int) -> Iterator[list[Episode]]:
-    """Global batches in file order, epoch after epoch, after skipping `skip` already-trained episodes."""
+def content_key(episode: Episode) -> str:
+    """A digest of what an episode says (instruction, reward, every turn's text), not of where it is stored: two
+    exports of the same trajectories name their images after different trajectory ids."""
+    turns = [
+        (m["role"], m["content"] if isinstance(m["content"], str) else [p.get("text", "") for p in m["content"]])
+        for m in episode.messages
+    ]
+    text = json.dumps([episode.instruction, episode.reward, turns], ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def episode_batches(
+    path: str, size: int, epochs: int, skip: int, shuffle_seed: int | None = None
+) -> Iterator[list[Episode]]:
+    """Global batches, epoch after epoch, after skipping `skip` already-trained episodes: in file order, or with
+    `shuffle_seed` sorted by `content_key` and permuted anew each epoch from (seed, epoch), so the order depends on
+    the data alone and a resumed run goes on with the same sequence. Shuffling holds the episodes in memory."""
+    canonical = None if shuffle_seed is None else sorted(read_episodes(path), key=content_key)
+
+    def epoch_order(epoch: int) -> Iterator[Episode]:
+        if canonical is None:
+            return read_episodes(path)
+        order = list(range(len(canonical)))
+        random.Random(f"{shuffle_seed}:{epoch}").shuffle(order)
+        return (canonical[i] for i in order)
+
     seen = 0
     batch: list[Episode] = []
-    for _ in range(epochs):
-        for episode in read_episodes(path):
+    for epoch in range(epochs):
+        for episode in epoch_order(epoch):
             seen += 1
             if seen <= skip:
                 continue
@@ -106,7 +136,9 @@ def train_sft(cfg: SFTConfig) -> dict[str, Any]:
     logger = MetricsLogger(out, enabled=rank == 0)
     bar = tqdm(total=planned, initial=step, desc=cfg.mode, disable=rank != 0 or not cfg.progress, unit="step")
     metrics: dict[str, Any] = {}
-    for episodes in episode_batches(cfg.data, cfg.batch_episodes, cfg.epochs, consumed):
+    for episodes in episode_batches(
+        cfg.data, cfg.batch_episodes, cfg.epochs, consumed, cfg.seed if cfg.shuffle else None
+    ):
         if step >= planned:
             break
         started = time.perf_counter()

@@ -66,6 +66,12 @@ class LiveOpenSerializer(s.StrictSerializerMixin, serializers.Serializer):
     task = serializers.IntegerField(
         required=False, min_value=1, help_text="Simulated annotators only: the task to take (people use the queue)."
     )
+    seed = serializers.IntegerField(
+        required=False,
+        min_value=0,
+        max_value=2**31 - 1,
+        help_text="Makes a new session's sampled proposals reproducible (each step's request is seeded from it).",
+    )
 
 
 class LiveOpenView(APIView):
@@ -89,7 +95,7 @@ class LiveOpenView(APIView):
             assignment = task_queue.current_assignment(request.user)
         if assignment is None:
             raise Conflict("You hold no task: take one from the queue first (POST /api/queue/next/).")
-        session = live.open_live(request.user, assignment.task)
+        session = live.open_live(request.user, assignment.task, seed=form.validated_data.get("seed"))
         return Response(live.state_of(session), status=status.HTTP_201_CREATED)
 
 

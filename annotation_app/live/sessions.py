@@ -20,6 +20,7 @@ import logging
 import os
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -163,8 +164,9 @@ def policy_for(model: ModelVersion) -> PolicyClient:
 # --- opening and resuming --------------------------------------------------------------------------------------------
 
 
-def open_live(annotator: User, task: Task) -> LiveSession:
-    """The open live session of this annotator on this task, or a new one (its desktop starts in a Celery task)."""
+def open_live(annotator: User, task: Task, *, seed: int | None = None) -> LiveSession:
+    """The open live session of this annotator on this task, or a new one (its desktop starts in a Celery task);
+    `seed` makes a new session's sampled proposals reproducible (`step_seed`)."""
     existing = (
         LiveSession.objects.select_related("trajectory")
         .filter(trajectory__annotator=annotator, trajectory__task=task, status__in=["starting", "active"])
@@ -181,7 +183,7 @@ def open_live(annotator: User, task: Task) -> LiveSession:
         trajectory = start_trajectory(
             annotator, task, Trajectory.Mode.INTERACTIVE, model_version=model, simulated=annotator.is_simulated
         )
-        live = LiveSession.objects.create(trajectory=trajectory, kind=kind)
+        live = LiveSession.objects.create(trajectory=trajectory, kind=kind, proposal_seed=seed)
 
     transaction.on_commit(lambda: queues.enqueue(queues.START_LIVE, live.pk))
     return live
@@ -311,6 +313,11 @@ def page_outline(live: LiveSession) -> tuple[str | None, list[dict[str, Any]] | 
     return render_outline(elements, frame_of(live).scale), outline_json(elements)
 
 
+def step_seed(seed: int | None, index: int) -> int | None:
+    """The sampling seed of step `index`'s proposals in a session seeded with `seed` (None: unseeded)."""
+    return None if seed is None else zlib.crc32(f"{seed}:{index}".encode()) & 0x7FFFFFFF
+
+
 def propose(live_id: int, index: int) -> None:
     """Ask the trajectory's model for candidates for step `index` and push them; stale requests do nothing."""
     related = LiveSession.objects.select_related("trajectory__task", "trajectory__model_version")
@@ -344,6 +351,7 @@ def propose(live_id: int, index: int) -> None:
                 temperature=settings.LIVE_TEMPERATURE,
                 max_tokens=settings.LIVE_MAX_TOKENS,
                 greedy_first=settings.LIVE_GREEDY_FIRST,
+                seed=step_seed(live.proposal_seed, index),
             )
         finally:
             client.close()

@@ -12,9 +12,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from training.data import read_episodes
 from training.metrics import read_metrics
 from training.models import LoraSettings
-from training.sft import SFTConfig, train_sft
+from training.sft import SFTConfig, content_key, episode_batches, train_sft
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,6 +56,42 @@ def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tiny_text, demos, tm
         torch.testing.assert_close(tensor, split[name])
     steps = [r["step"] for r in read_metrics(tmp_path / "split")]
     assert steps == [1, 2, 3, 4]
+
+
+def relaid(source: Path, target: Path) -> Path:
+    """The same episodes stored as another export would: in reverse order, under other ids."""
+    episodes = list(read_episodes(source))[::-1]
+    lines = [e.to_json().replace(f'"id": "{e.id}"', f'"id": "other-{n}"') for n, e in enumerate(episodes)]
+    target.write_text("\n".join(lines) + "\n")
+    return target
+
+
+def test_shuffled_batches_depend_on_the_episodes_not_on_how_the_store_lays_them_out(demos, tmp_path):
+    other = relaid(demos, tmp_path / "other.jsonl")
+    assert [e.id for e in read_episodes(other)][:1] != [e.id for e in read_episodes(demos)][:1]
+
+    def keys(path: Path, skip: int = 0) -> list[list[str]]:
+        return [[content_key(e) for e in batch] for batch in episode_batches(str(path), 16, 2, skip, shuffle_seed=7)]
+
+    ordered = keys(demos)
+    assert ordered == keys(other)  # layout and ids do not matter
+    flat = [k for batch in ordered for k in batch]
+    first, second = flat[:256], flat[256:]
+    assert sorted(first) == sorted(second) == sorted(content_key(e) for e in read_episodes(demos))
+    assert first != second  # each epoch has its own order
+    assert [k for batch in keys(demos, skip=40) for k in batch] == flat[40:]  # a resumed run goes on the same way
+    in_file_order = [content_key(e) for batch in episode_batches(str(demos), 16, 1, 0) for e in batch]
+    assert in_file_order == [content_key(e) for e in read_episodes(demos)] != first
+
+
+def test_with_shuffle_the_same_data_in_another_layout_trains_the_same_model(tiny_text, demos, tmp_path):
+    other = relaid(demos, tmp_path / "other.jsonl")
+    common = {"model": str(tiny_text), "lr": 1e-3, "batch_episodes": 8, "max_steps": 2, "shuffle": True}
+    train_sft(SFTConfig(data=str(demos), out=str(tmp_path / "a"), progress=False, **common))
+    train_sft(SFTConfig(data=str(other), out=str(tmp_path / "b"), progress=False, **common))
+    a, b = weights(tmp_path / "a"), weights(tmp_path / "b")
+    for name, tensor in a.items():
+        torch.testing.assert_close(tensor, b[name], rtol=0, atol=0)
 
 
 def test_lora_trains_adapters_only_and_saves_merged_weights(tiny_text, demos, tmp_path):
