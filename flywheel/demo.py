@@ -114,7 +114,9 @@ def make_plan(*, quick: bool = False, seed: int = 0, families: list[str] | None 
     # per family; each iteration's annotation and RFT then bring tasks the model has not seen. Every iteration
     # retrains the untrained agent with the same number of SFT steps on the whole store (then a short PPO), so what a
     # model gains over the one before comes from the flywheel's new data.
-    ppo = {"iterations": 1, "episodes_per_step": 4} if quick else {"iterations": 1}
+    # PPO plays one episode at a time: its local policy batches whatever episodes ask at the same moment and samples
+    # from one random stream, so two at once made a run's rollouts depend on timing.
+    ppo = {"iterations": 1, "concurrency": 1} | ({"episodes_per_step": 4} if quick else {})
     # `max_steps` sets the SFT's length (the trainer stops at the smaller of it and epochs × store).
     agent_train = {"sft": {"epochs": 1000, "max_steps": 120 if quick else 200}, "ppo": ppo}
     plan = DemoPlan(
