@@ -8,6 +8,17 @@ os.environ.setdefault("REDIS_DB_CELERY", "14")
 os.environ.setdefault("REDIS_DB_CHANNELS", "15")
 os.environ.setdefault("REDIS_DB_CACHE", "13")
 
+# pytest-xdist: worker gwN (N > 0) gets Redis databases and a sandbox namespace of its own, so its Celery broker
+# (purged by tests), channel layer and cache are not another worker's; pytest-django gives it its own test database.
+# Applied once per worker: the servers a test starts inherit the result with the worker's name.
+_worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _worker.startswith("gw") and _worker != "gw0" and os.environ.get("TEST_ISOLATED_FOR") != _worker:
+    _offset = 10 * int(_worker[2:])
+    for _name in ("REDIS_DB_CELERY", "REDIS_DB_CHANNELS", "REDIS_DB_CACHE"):
+        os.environ[_name] = str(int(os.environ[_name]) + _offset)
+    os.environ["SANDBOX_NAMESPACE"] = f"{os.environ.get('SANDBOX_NAMESPACE', 'sandbox')}-{_worker}"
+    os.environ["TEST_ISOLATED_FOR"] = _worker
+
 from .settings import *  # noqa: F403
 
 # Server processes a test starts share the test process's folder (tests.servers.subprocess_env passes it on).
