@@ -397,6 +397,8 @@ def build_app() -> FastAPI:
     return create_app(manager, config.api_key)
 
 
+KEEP_ALIVE_S = 75
+
 if __name__ == "__main__":
     import uvicorn
 
@@ -406,4 +408,8 @@ if __name__ == "__main__":
         host=os.environ.get("SANDBOX_HOST", "127.0.0.1"),
         port=int(os.environ.get("SANDBOX_PORT", "8010")),
         workers=1,  # desktops are processes of the one manager that started them
+        # Longer than its clients keep an idle connection (httpx: 5 s, uvicorn's default too): with equal timeouts a
+        # client could send on a connection the service was closing that moment ("Server disconnected without sending
+        # a response"), which failed an evaluation episode whose model thought for 5 s between two actions.
+        timeout_keep_alive=KEEP_ALIVE_S,
     )

@@ -1,6 +1,7 @@
 """The sandbox service as its own process (uvicorn) driven through the Python client, errors included."""
 
 import io
+import socket
 import subprocess
 import time
 import uuid
@@ -61,6 +62,25 @@ def test_allocate_step_observe_shell_files_release(client):
     client.release(sid)
     with pytest.raises(SessionGoneError):
         client.step(sid, "wait()")
+
+
+def test_an_idle_connection_outlives_the_clients_keep_alive(service):
+    """The service keeps an idle connection longer than httpx does (5 s), so a client never sends on a connection
+    the service is closing: one request, 6 s idle, then a second request on the same socket is answered."""
+    host, port = service.removeprefix("http://").split(":")
+    request = f"GET /docs HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        reader = conn.makefile("rb")
+        for attempt in range(2):
+            conn.sendall(request)
+            assert reader.readline().startswith(b"HTTP/1.1 200"), attempt
+            length = 0
+            while (line := reader.readline()) not in (b"\r\n", b""):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+            reader.read(length)
+            if attempt == 0:
+                time.sleep(6)
 
 
 def test_errors_are_typed_and_clear(service, client):

@@ -589,7 +589,9 @@ def main() -> None:
     engine = PolicyEngine(args.checkpoint, name=args.name, threads=args.threads)
     app = create_app(engine, roots=args.roots, api_key=args.api_key, max_models=args.max_models, threads=args.threads,
                      state=args.state)  # fmt: skip
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    # Idle connections live longer than the clients' (httpx: 5 s), as in the sandbox service: equal timeouts let a
+    # client send on a connection the server is closing.
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_keep_alive=75)
 
 
 if __name__ == "__main__":
