@@ -19,7 +19,7 @@ if _worker.startswith("gw") and _worker != "gw0" and os.environ.get("TEST_ISOLAT
     os.environ["SANDBOX_NAMESPACE"] = f"{os.environ.get('SANDBOX_NAMESPACE', 'sandbox')}-{_worker}"
     os.environ["TEST_ISOLATED_FOR"] = _worker
 
-from .settings import *  # noqa: F403
+from .settings import *  # noqa: E402, F403  (after the environment it reads)
 
 # Server processes a test starts share the test process's folder (tests.servers.subprocess_env passes it on).
 MEDIA_ROOT = Path(os.environ.get("TEST_MEDIA_ROOT") or tempfile.mkdtemp(prefix="annotation-test-media-"))
