@@ -92,6 +92,9 @@ class Desktop:
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
     user: SessionUser | None = None
     wait_s: float = 1.0
+    # The X server's lock file and socket as it made them (`file_identity`): `stop` removes only those, because
+    # once the server is dead another desktop (this service's or another copy's) may own the display number.
+    x_files: dict[Path, tuple[int, int, int]] = field(default_factory=dict)
 
     @classmethod
     def start(
@@ -139,7 +142,8 @@ class Desktop:
         _write_xauthority(xauthority, {display: cookie}, owner=user)  # now with the display clients look it up by
         SERVICE_AUTHORITY.add(display, cookie)
         user = user.with_display(display, xauthority) if user else None
-        desktop = cls(display, width, height, home / ".vnc.sock", home, {"xvfb": xvfb}, user=user)
+        x_files = {path: found for path in x_paths(display) if (found := file_identity(path)) is not None}
+        desktop = cls(display, width, height, home / ".vnc.sock", home, {"xvfb": xvfb}, user=user, x_files=x_files)
         desktop.vnc_socket.unlink(missing_ok=True)
         try:
             quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "start_new_session": True}
@@ -247,7 +251,10 @@ class Desktop:
             _stop_group(proc)
         self.processes.clear()
         SERVICE_AUTHORITY.remove(self.display)
-        for path in (Path(f"/tmp/.X{self.display}-lock"), x_socket(self.display), self.vnc_socket, self.xauthority):
+        for path, made in self.x_files.items():  # what a SIGKILLed server leaves; not a successor's
+            if file_identity(path) == made:
+                path.unlink(missing_ok=True)
+        for path in (self.vnc_socket, self.xauthority):  # in the session's own home
             path.unlink(missing_ok=True)
         for handle in ("watch", "grabber", "x"):
             obj = self.__dict__.pop(handle, None)
@@ -476,6 +483,21 @@ class Desktop:
         self.x.sync()
         self.remapped[keysym] = code
         return code
+
+
+def x_paths(display: int) -> tuple[Path, Path]:
+    """The lock file and filesystem socket of X display `display`."""
+    return Path(f"/tmp/.X{display}-lock"), x_socket(display)
+
+
+def file_identity(path: Path) -> tuple[int, int, int] | None:
+    """(device, inode, mtime in ns) of `path`, or None when it does not exist: tells a file from a later one at the
+    same path, even when the filesystem reuses the inode number."""
+    try:
+        found = path.lstat()
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino, found.st_mtime_ns
 
 
 def _refuses_strangers(display: int) -> bool:

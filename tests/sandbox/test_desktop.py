@@ -12,7 +12,7 @@ from PIL import Image
 
 from sandbox.actions import Click, Hotkey, Navigate, Point, Scroll, Type, parse_actions
 from sandbox.coordinates import ScreenMapping
-from sandbox.desktop import Desktop, DesktopError, UnsupportedAction, available
+from sandbox.desktop import Desktop, DesktopError, UnsupportedAction, available, x_paths
 from sandbox.isolation import create_session_user, delete_session_user, isolation_available
 
 from ..waiting import wait_for
@@ -79,6 +79,28 @@ def test_a_dead_x_server_is_reported_and_stop_cleans_everything(tmp_path):
     assert not Path(f"/tmp/.X{display}-lock").exists() and not Path(f"/tmp/.X11-unix/X{display}").exists()
     leftover = subprocess.run(["pgrep", "-f", f"(Xvfb|x11vnc).*:{display}( |$)"], capture_output=True, text=True)
     assert leftover.stdout == "", leftover.stdout
+
+
+def test_stop_leaves_the_x_files_of_a_server_that_took_the_display_over(tmp_path):
+    """Two copies on one host: desktop A's X server dies, another server takes display :N (its own lock and socket at
+    the same paths), then A is stopped. A must not remove the new server's files, or that desktop loses its X."""
+    desktop = Desktop.start(tmp_path / "home", panel=False)
+    lock, sock = x_paths(desktop.display)
+    desktop.processes["xvfb"].kill()
+    desktop.processes["xvfb"].wait()
+    assert sock.exists()  # what a SIGKILLed server leaves (with -displayfd, Xvfb writes no lock file here)
+    successor = socket.socket(socket.AF_UNIX)
+    try:
+        lock.unlink(missing_ok=True)
+        sock.unlink()
+        lock.write_text(f"{os.getpid():>10}\n")  # as Xvfb writes it
+        successor.bind(str(sock))
+        desktop.stop()
+        assert lock.exists() and sock.exists()
+    finally:
+        successor.close()
+        lock.unlink(missing_ok=True)
+        sock.unlink(missing_ok=True)
 
 
 @pytest.mark.skipif(not isolation_available(), reason="needs root, bwrap, setpriv, prlimit, useradd")

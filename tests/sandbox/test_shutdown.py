@@ -207,7 +207,9 @@ def test_stopping_the_service_releases_everything_it_made(tmp_path, client, name
         assert wait_for(lambda: len(made_under(root)) == 3, timeout=30), "the warm pool was not refilled"
         made = made_under(root)
         assert {m.home.name for m in made} >= {desktop, browser} and len(made) == 3  # the warm desktop too
-        assert all(running_processes_of(m.uid) for m in made), "each session runs something before the stop"
+        # The warm desktop's user exists a moment before its first process does (on a loaded machine, seconds).
+        started = wait_for(lambda: all(running_processes_of(m.uid) for m in made), timeout=30)
+        assert started, "each session runs something before the stop"
         assert (root / ".launchers").exists() and any((root / ".launchers").iterdir())
         had_cgroups = all(cgroups_of(m.name) for m in made)
         if driver_dies_first:
