@@ -8,15 +8,15 @@ os.environ.setdefault("REDIS_DB_CELERY", "14")
 os.environ.setdefault("REDIS_DB_CHANNELS", "15")
 os.environ.setdefault("REDIS_DB_CACHE", "13")
 
-# pytest-xdist: worker gwN (N > 0) gets Redis databases and a sandbox namespace of its own, so its Celery broker
-# (purged by tests), channel layer and cache are not another worker's; pytest-django gives it its own test database.
-# Applied once per worker: the servers a test starts inherit the result with the worker's name.
-_worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-if _worker.startswith("gw") and _worker != "gw0" and os.environ.get("TEST_ISOLATED_FOR") != _worker:
-    _offset = 10 * int(_worker[2:])
+# scripts/test runs two pytest processes side by side: the second (TEST_WORKER=1) gets Redis databases and a sandbox
+# namespace of its own, so its Celery broker (purged by tests), channel layer and cache are not the first one's (its
+# test database has another name too). Applied once: the servers a test starts inherit the result.
+_worker = os.environ.get("TEST_WORKER", "0")
+if _worker != "0" and os.environ.get("TEST_ISOLATED_FOR") != _worker:
+    _offset = 10 * int(_worker)
     for _name in ("REDIS_DB_CELERY", "REDIS_DB_CHANNELS", "REDIS_DB_CACHE"):
         os.environ[_name] = str(int(os.environ[_name]) + _offset)
-    os.environ["SANDBOX_NAMESPACE"] = f"{os.environ.get('SANDBOX_NAMESPACE', 'sandbox')}-{_worker}"
+    os.environ["SANDBOX_NAMESPACE"] = f"{os.environ.get('SANDBOX_NAMESPACE', 'sandbox')}-w{_worker}"
     os.environ["TEST_ISOLATED_FOR"] = _worker
 
 from .settings import *  # noqa: E402, F403  (after the environment it reads)
