@@ -8,18 +8,7 @@ os.environ.setdefault("REDIS_DB_CELERY", "14")
 os.environ.setdefault("REDIS_DB_CHANNELS", "15")
 os.environ.setdefault("REDIS_DB_CACHE", "13")
 
-# scripts/test runs two pytest processes side by side: the second (TEST_WORKER=1) gets Redis databases and a sandbox
-# namespace of its own, so its Celery broker (purged by tests), channel layer and cache are not the first one's (its
-# test database has another name too). Applied once: the servers a test starts inherit the result.
-_worker = os.environ.get("TEST_WORKER", "0")
-if _worker != "0" and os.environ.get("TEST_ISOLATED_FOR") != _worker:
-    _offset = 10 * int(_worker)
-    for _name in ("REDIS_DB_CELERY", "REDIS_DB_CHANNELS", "REDIS_DB_CACHE"):
-        os.environ[_name] = str(int(os.environ[_name]) + _offset)
-    os.environ["SANDBOX_NAMESPACE"] = f"{os.environ.get('SANDBOX_NAMESPACE', 'sandbox')}-w{_worker}"
-    os.environ["TEST_ISOLATED_FOR"] = _worker
-
-from .settings import *  # noqa: E402, F403  (after the environment it reads)
+from .settings import *  # noqa: F403
 
 # Server processes a test starts share the test process's folder (tests.servers.subprocess_env passes it on).
 MEDIA_ROOT = Path(os.environ.get("TEST_MEDIA_ROOT") or tempfile.mkdtemp(prefix="annotation-test-media-"))

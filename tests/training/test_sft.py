@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -61,7 +62,7 @@ def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tiny_text, demos, tm
 def relaid(source: Path, target: Path) -> Path:
     """The same episodes stored as another export would: in reverse order, under other ids."""
     episodes = list(read_episodes(source))[::-1]
-    lines = [e.to_json().replace(f'"id": "{e.id}"', f'"id": "other-{n}"') for n, e in enumerate(episodes)]
+    lines = [replace(e, id=f"other-{n}").to_json() for n, e in enumerate(episodes)]
     target.write_text("\n".join(lines) + "\n")
     return target
 
