@@ -24,6 +24,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sandbox.action_regex import GROUNDED_VERBS, instruction_quotes, outline_points
+from training.data import Episode, read_episodes
+from training.policy.grounding import OUTLINE_HEADING
 
 _CLICK = re.compile(rf"^Thought: I (?:{'|'.join(map(re.escape, GROUNDED_VERBS.values()))}) (?P<line>.+ \(\d+,\d+\))\.$",
                     re.M)  # fmt: skip
@@ -52,17 +54,17 @@ def _text_parts(content: Any) -> list[str]:
     return [part.get("text", "") for part in content or [] if part.get("type") == "text"]
 
 
-def named_clicks(episode: dict[str, Any]) -> list[tuple[bool, float]]:
+def named_clicks(episode: Episode) -> list[tuple[bool, float]]:
     """For each click of the episode on an outlined element whose role has an element the instruction names: whether
     it hit a named one, and the share of that role's elements that are named (a uniform guess's chance)."""
-    quotes = set(instruction_quotes(episode.get("instruction") or ""))
+    quotes = set(instruction_quotes(episode.instruction))
     outline: list[str] = []
     out = []
-    for message in episode.get("messages", []):
+    for message in episode.messages:
         texts = _text_parts(message.get("content"))
         if message.get("role") == "user":
             for text in texts:
-                if text.startswith("Interactive elements"):
+                if text.startswith(OUTLINE_HEADING):
                     outline = [line for line, _, _ in outline_points(text)]
             continue
         if message.get("role") != "assistant":
@@ -82,11 +84,8 @@ def tally(paths: list[Path]) -> dict[str, Tally]:
     """Named clicks per family over the episodes of `paths`."""
     families: dict[str, Tally] = defaultdict(Tally)
     for path in paths:
-        for row in path.read_text().splitlines():
-            if not row.strip():
-                continue
-            episode = json.loads(row)
-            found = _FAMILY.search(str(episode.get("id", "")))
+        for episode in read_episodes(path):
+            found = _FAMILY.search(episode.id)
             t = families[found["family"] if found else "?"]
             t.episodes += 1
             for hit, chance in named_clicks(episode):
