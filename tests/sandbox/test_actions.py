@@ -52,6 +52,8 @@ from sandbox.actions import (
 from sandbox.coordinates import CoordinateMode, ScreenMapping
 from sandbox.desktop import Desktop, available
 
+from ..waiting import wait_for
+
 
 def test_ui_tars_outputs():
     step = parse_step(
@@ -383,17 +385,17 @@ def test_the_new_forms_run_on_a_real_desktop(tmp_path):
         out = desktop.home / "typed.txt"
         command = f'read line; printf %s "$line" > {out}'
         desktop.launch(["xterm", "-geometry", "80x10+0+0", "-e", "sh", "-c", command])
-        deadline = time.monotonic() + 10
-        while not any(cls == "XTerm" for cls, _ in desktop.windows()) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        assert wait_for(lambda: any(cls == "XTerm" for cls, _ in desktop.windows())), "xterm never showed a window"
         desktop.execute(Click(Point(100, 40)))
         time.sleep(0.3)
         for action in parse_actions("type(content='garbage')\n\nhotkey(key='Ctrl+U')\n\ntype(content='ok\\n')"):
             desktop.execute(action, mapping)  # ctrl+u: the terminal's line kill erases "garbage"
-        deadline = time.monotonic() + 5
-        while not out.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert out.read_text() == "ok"
+
+        # The shell's redirection creates the file before printf writes to it: wait for the text, not the file.
+        def typed() -> str | None:
+            return out.read_text() if out.exists() else None
+
+        assert wait_for(lambda: typed() == "ok"), f"the terminal wrote {typed()!r}"
         [hover] = parse_actions("hover(start_box='(300,200)')")
         assert desktop.execute(hover, mapping) == "ok" and desktop.pointer() == mapping.to_screen(300, 200)
         assert desktop.execute(Fail()) == "fail" and desktop.pointer() == mapping.to_screen(300, 200)
