@@ -8,9 +8,12 @@ import sys
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
-SANDBOX_DIRS = {"sandbox", "live", "simulated", "recorder"}  # every file there starts a sandbox or uses one
+SANDBOX_DIRS = {"sandbox", "live", "simulated"}  # every file there starts a sandbox or uses one
+# What starts one: the helpers and fixtures that do, and a test taking the recorder's desktop fixtures as arguments.
+# A false match only runs a file in the sandboxed process, where it is safe.
 STARTS_SANDBOXES = re.compile(
     r"sandbox_service\(|live_services|live_settings|live_worker|Desktop\.start|\"sandbox\.service\"|create_session_user"
+    r"|[(,]\s*(shared_)?desktop\s*[,)]"
 )
 
 
