@@ -86,6 +86,16 @@ def main(argv: list[str] | None = None) -> int:
     agent.add_argument("--image-tokens", type=int, default=16, help="screenshot size in 28-pixel vision tokens")
     agent.add_argument("--seed", type=int, default=0)
 
+    drill = stages.add_parser("agent-drill", help="pre-train an agent on grounding drills: instructions naming one "
+                              "line of a page outline (training/drills.py, docs/agent.md)")  # fmt: skip
+    drill.add_argument("--model", type=Path, required=True, help="the agent to start from (agent-init's --out)")
+    drill.add_argument("--out", type=Path, required=True, help="run directory; the drilled agent is OUT/final")
+    drill.add_argument("--count", type=int, default=32_000, help="drills, one pass")
+    drill.add_argument("--batch", type=int, default=32, help="drills per optimizer step")
+    drill.add_argument("--lr", type=float, default=3e-3)
+    drill.add_argument("--seed", type=int, default=0)
+    drill.add_argument("--no-progress", dest="progress", action="store_false")
+
     demos = stages.add_parser("demos", help="expert episodes of a built-in environment (an SFT store to start from)")
     demos.add_argument("--env", default="copy")
     demos.add_argument("--episodes", type=int, default=256)
@@ -156,6 +166,11 @@ def run(args: argparse.Namespace) -> int:
         config = AgentConfig(hidden=args.hidden, layers=args.layers, heads=args.heads,
                              image_tokens=args.image_tokens, seed=args.seed)  # fmt: skip
         print(build_agent(args.out, config))
+    elif args.stage == "agent-drill":
+        from training.drills import drill_agent
+
+        print(drill_agent(args.model, args.out, count=args.count, seed=args.seed, batch=args.batch, lr=args.lr,
+                          progress=args.progress))  # fmt: skip
     elif args.stage == "demos":
         from training.evaluate import write_demonstrations
 
