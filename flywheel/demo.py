@@ -83,10 +83,14 @@ class DemoPlan:
     evaluate: dict[str, Any] = field(default_factory=dict)
     rft: dict[str, Any] = field(default_factory=dict)
     concurrency: int = 2
+    drills: int = 0  # grounding drills the untrained agent is pre-trained on before the bootstrap (training/drills.py)
 
     @property
     def domains(self) -> list[str]:
         return [f"suite-{name}" for name in self.families]
+
+
+MIN_DRILLS, MAX_DRILLS = 32, 200_000  # one batch of drills; about 40 minutes of them on 2 cores
 
 
 def agent_preset() -> str:
@@ -129,7 +133,10 @@ def make_plan(*, quick: bool = False, seed: int = 0, families: list[str] | None 
         evaluate={"max_new_tokens": 64} if small else {},
         rft={"max_tokens": 64} if small else {},
     )  # fmt: skip
-    return replace(plan, **overrides)
+    plan = replace(plan, **overrides)
+    if plan.drills and not MIN_DRILLS <= plan.drills <= MAX_DRILLS:
+        raise DemoError(f"drills must be 0 (none) or from {MIN_DRILLS} to {MAX_DRILLS}")
+    return plan
 
 
 # --- the stack -------------------------------------------------------------------------------------------------------
@@ -226,10 +233,18 @@ def run_name(plan: DemoPlan) -> str:
     return f"{ROOT_PREFIX}-s{plan.seed}-{timezone.now().strftime('%Y%m%d-%H%M%S')}"
 
 
-def untrained_agent(plan: DemoPlan, name: str) -> ModelVersion:
-    """Register the untrained agent as `name`, serve it from the embedded policy server and make it the annotation
-    model, so iteration 0 is compared with it."""
+def untrained_agent(plan: DemoPlan, name: str, progress: Progress | None = None) -> ModelVersion:
+    """Register the untrained agent as `name` (pre-trained on the plan's grounding drills, if any), serve it from the
+    embedded policy server and make it the annotation model, so iteration 0 is compared with it."""
+    progress = progress or (lambda *args: None)
+    drilled = f" (pre-trained on {plan.drills} grounding drills)" if plan.drills else ""
     checkpoint = build_untrained(runs_root() / "demo" / name, plan.seed)
+    if plan.drills:
+        from training.drills import drill_agent
+
+        progress("drills", 0, 0, plan.drills)
+        checkpoint = drill_agent(checkpoint, runs_root() / "demo" / f"{name}-drills", count=plan.drills,
+                                 seed=plan.seed, progress=False)  # fmt: skip
     release_earlier_demonstrations()
     problem = registry.load_into_embedded_server(name, str(checkpoint))
     if problem:
@@ -237,7 +252,7 @@ def untrained_agent(plan: DemoPlan, name: str) -> ModelVersion:
                         f"--models-root {runs_root()})")  # fmt: skip
     model = registry.register_by_hand(
         None, name=name, checkpoint_uri=str(checkpoint), endpoint_url=settings.EMBEDDED_POLICY_URL, served_name=name,
-        notes=f"flywheel demonstration: untrained agent; plan {json_plan(plan)}",
+        notes=f"flywheel demonstration: untrained agent{drilled}; plan {json_plan(plan)}",
     )  # fmt: skip
     registry.promote(model, by=None, reason="flywheel demonstration: the untrained agent starts")
     return model
@@ -499,7 +514,7 @@ def run_demo(plan: DemoPlan, base_url: str, progress: Progress) -> ModelVersion:
     train, heldout = import_suite(plan, name)
     if not heldout or not train:
         raise DemoError("the plan has no training or no held-out tasks")
-    root = untrained_agent(plan, name)
+    root = untrained_agent(plan, name, progress)
     progress("bootstrap", 0, 0, None)
     bootstrap, fresh = split_training(plan, train)
     record_demonstrations(plan, bootstrap, root, progress)
@@ -528,7 +543,7 @@ class TerminalProgress:
     def __init__(self, plan: DemoPlan, stream: Any) -> None:
         from tqdm import tqdm
 
-        units = ["0:demonstrations"] + [f"0:{s}" for s in BOOTSTRAP_STAGES]
+        units = (["0:drills"] if plan.drills else []) + ["0:demonstrations"] + [f"0:{s}" for s in BOOTSTRAP_STAGES]
         for number in range(1, plan.iterations + 1):
             units += [f"{number}:annotation"] + [f"{number}:{s}" for s in LOOP_STAGES]
         self.index = {unit: n for n, unit in enumerate(units)}
@@ -587,7 +602,7 @@ def plan_from_options(options: dict[str, Any]) -> DemoPlan:
     """The plan the command's options ask for (`families` comma-separated; empty: the plan's own)."""
     families = [f.strip() for f in (options.get("families") or "").split(",") if f.strip()] or None
     return make_plan(quick=options["quick"], seed=options["seed"], families=families,
-                     iterations=options.get("iterations"))  # fmt: skip
+                     iterations=options.get("iterations"), drills=options.get("drills") or 0)  # fmt: skip
 
 
 def run_demo_command(stdout: Any, options: dict[str, Any]) -> ModelVersion:

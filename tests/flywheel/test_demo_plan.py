@@ -40,6 +40,11 @@ def test_plans():
     with pytest.raises(DemoError, match="iterations must be from 0 to 10"):
         make_plan(iterations=11)
     assert [t for t in rotate([1, 2, 3], 2, 2)] == [3, 1] and rotate([], 2, 0) == []
+    drilled = plan_from_options({**DEFAULT_PLAN, "seed": 0, "drills": 64})
+    assert (full.drills, make_plan(drills=32_000).drills, drilled.drills) == (0, 32_000, 64)
+    for drills in (-1, 31, 10**6):
+        with pytest.raises(DemoError, match=r"drills must be 0 \(none\) or from 32 to 200000"):
+            make_plan(drills=drills)
 
 
 def test_the_default_agent_learns_every_browser_family_of_the_full_plan_in_one_short_iteration():
@@ -76,6 +81,8 @@ def test_the_command_names_what_is_not_running(settings, db):
         call_command("flywheel", "demo", "--quick", "--base-url", f"http://127.0.0.1:{closed}")
     with pytest.raises(CommandError, match="unknown family"):
         call_command("flywheel", "demo", "--families", "nope")
+    with pytest.raises(CommandError, match="drills must be"):
+        call_command("flywheel", "demo", "--drills", "5")
 
 
 def test_the_default_agent_waits_for_the_policy_server_and_says_when_it_never_answers(settings, db, tmp_path,

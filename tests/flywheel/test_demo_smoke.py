@@ -1,10 +1,10 @@
 """The flywheel demonstration's mechanics, end to end on the real stack (issue 16's smoke test): two suite families,
-one short iteration after the bootstrap. gunicorn + daphne, a Celery worker on every queue, the sandbox service and
-the embedded policy server are real processes; the agent is the tiny model built from a config (or the agent's own
-builder where it exists). Checked: every stage ran, trajectories were routed, models were registered, evaluation
-played held-out instances only (and PPO and RFT training ones only), the simulated annotators went through the live
-API, and the report (page data, JSON, PNG) is computed from the database. It does not check that the agent learns:
-the demonstration's own run does."""
+one short iteration after the bootstrap, from an agent pre-trained on one batch of grounding drills. gunicorn +
+daphne, a Celery worker on every queue, the sandbox service and the embedded policy server are real processes; the
+agent is the tiny model built from a config (or the agent's own builder where it exists). Checked: every stage ran,
+trajectories were routed, models were registered, evaluation played held-out instances only (and PPO and RFT training
+ones only), the simulated annotators went through the live API, and the report (page data, JSON, PNG) is computed
+from the database. It does not check that the agent learns: the demonstration's own run does."""
 
 from __future__ import annotations
 
@@ -113,6 +113,7 @@ def test_demo_runs_every_stage_through_the_platform(media, transactional_db, tmp
     runs = tmp_path / "runs"
     runs.mkdir()
     policy_port = free_port()
+    reported: list[tuple] = []  # the progress display's calls: (stage, iteration, done, total)
     # What an earlier run left: a submitted trajectory in a suite domain. A demonstration neither validates nor
     # trains on it (it validates what was submitted since it began and has tasks of its own).
     earlier_task = Task.objects.create(instruction="left over", domain=f"suite-{FAMILIES[0]}", evaluator={"func": "x"})
@@ -123,7 +124,7 @@ def test_demo_runs_every_stage_through_the_platform(media, transactional_db, tmp
         quick=True, seed=3, families=FAMILIES, iterations=1, train_per_family=1, heldout_per_family=1,
         annotate_per_iteration=1, annotators=1, rft_tasks_per_iteration=1, rft_attempts=1, max_steps=3,
         preset="tiny-cpu", train={"ppo": {"env": "sandbox:max_steps=2", "iterations": 1, "max_new_tokens": 24}},
-        evaluate={"max_new_tokens": 24}, rft={"max_tokens": 24},
+        evaluate={"max_new_tokens": 24}, rft={"max_tokens": 24}, drills=32,
     )  # fmt: skip
     policy = [sys.executable, "-m", "training.policy.server", "--name", "tiny-uitars", "--port", str(policy_port)]
     policy += ["--threads", "1", "--models-root", str(runs), "--checkpoint", str(build_tiny_checkpoint(runs / "tiny"))]
@@ -142,7 +143,7 @@ def test_demo_runs_every_stage_through_the_platform(media, transactional_db, tmp
         ):  # fmt: skip
             assert check_stack(base_url) == []
             try:
-                root = run_demo(plan, base_url, lambda *args: None)
+                root = run_demo(plan, base_url, lambda *args: reported.append(args))
             except Exception:
                 print(log.read_text()[-6000:])
                 raise
@@ -156,6 +157,12 @@ def test_demo_runs_every_stage_through_the_platform(media, transactional_db, tmp
     )
     assert len(train) == len(heldout) == len(FAMILIES) and not train & heldout
     assert all(external_id.endswith(f"@{root.name}") for external_id in train | heldout)  # this run's own tasks
+
+    # The untrained agent was pre-trained on one batch of grounding drills first, and that is the root served.
+    assert reported[0] == ("drills", 0, 0, 32) and reported[1][0] == "bootstrap"
+    assert Path(root.checkpoint_uri) == runs / "demo" / f"{root.name}-drills" / "final"
+    drilled, built = Path(root.checkpoint_uri) / "model.safetensors", runs / "demo" / root.name / "model.safetensors"
+    assert drilled.read_bytes() != built.read_bytes() and "32 grounding drills" in root.notes
 
     bootstrap, loop = Iteration.objects.filter(base_model__isnull=False).order_by("created_at")
     assert bootstrap.base_model == root and bootstrap.domains == plan.domains
