@@ -244,7 +244,8 @@ def untrained_agent(plan: DemoPlan, name: str, progress: Progress | None = None)
 
         progress("drills", 0, 0, plan.drills)
         checkpoint = drill_agent(checkpoint, runs_root() / "demo" / f"{name}-drills", count=plan.drills,
-                                 seed=plan.seed, progress=False)  # fmt: skip
+                                 seed=plan.seed, progress=False,
+                                 on_progress=lambda done: progress("drills", 0, done, plan.drills))  # fmt: skip
     release_earlier_demonstrations()
     problem = registry.load_into_embedded_server(name, str(checkpoint))
     if problem:

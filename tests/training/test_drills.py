@@ -79,6 +79,19 @@ def test_the_cli_drills_an_agent_once_and_keeps_its_decoding(tmp_path):
     assert (final / "model.safetensors").stat().st_mtime_ns == trained
 
 
+def test_a_caller_hears_the_drills_trained_and_the_trainers_error(tmp_path):
+    agent = build_agent(tmp_path / "agent", AgentConfig(hidden=32, layers=1, heads=1))
+    heard: list[int] = []
+    final = drill_agent(agent, tmp_path / "drilled", count=16, batch=8, progress=False, on_progress=heard.append)
+    assert (final / "model.safetensors").is_file() and heard and heard[-1] == 16 and heard == sorted(heard)
+
+    def broken(config):
+        raise RuntimeError("out of memory")
+
+    with pytest.raises(RuntimeError, match="out of memory"):
+        drill_agent(agent, tmp_path / "again", count=16, batch=8, sft=broken, on_progress=heard.append)
+
+
 def test_a_drill_count_below_one_batch_is_refused(tmp_path):
     with pytest.raises(ValueError, match="at least one batch"):
         drill_agent(tmp_path / "agent", tmp_path / "drilled", count=4, batch=8, progress=False)
