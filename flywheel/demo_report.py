@@ -248,7 +248,9 @@ def plot_png(report: dict[str, Any]) -> bytes:
                   for r in rows]  # fmt: skip
         ax.plot(xs, values, ".--", alpha=0.6, label=name)
     if report.get("untrained"):
-        ax.axhline(_pct(report["untrained"]["overall"]["rate"]), color="grey", lw=0.8, ls=":", label="untrained")
+        drills = (report.get("plan") or {}).get("drills")
+        label = f"untrained + {drills} drills" if drills else "untrained"
+        ax.axhline(_pct(report["untrained"]["overall"]["rate"]), color="grey", lw=0.8, ls=":", label=label)
     ax.set(title="Held-out success", xlabel="iteration", ylabel="%", ylim=(-2, 102))
     ax.legend(fontsize=7)
     ax = axes[1]

@@ -141,3 +141,9 @@ def test_the_report_is_computed_from_the_database(make_user):
     assert plot_png(report)[:8] == b"\x89PNG\r\n\x1a\n"
     page = _reader(make_user).get(reverse("flywheel-demo")).content.decode()
     assert "Held-out success per family" in page and "click-button" in page and "3/4" in page
+    assert "drills" not in page
+    root.notes = 'flywheel demonstration: untrained agent; plan {"seed": 0, "drills": 32000}'
+    root.save()
+    page = _reader(make_user).get(reverse("flywheel-demo")).content.decode()
+    assert "the untrained agent pre-trained on 32000 grounding drills" in page and "untrained + drills" in page
+    assert plot_png(build_report(root))[:8] == b"\x89PNG\r\n\x1a\n"
