@@ -91,6 +91,9 @@ class DemoPlan:
 
 
 MIN_DRILLS, MAX_DRILLS = 32, 200_000  # one batch of drills; about 40 minutes of them on 2 cores
+# The full plan's agent is pre-trained on grounding drills (about 7 minutes): without them it picks among a page's
+# elements at chance whatever the flywheel brings (docs/agent.md, "Does it ground?"); `--quick` stays without.
+FULL_DRILLS = 32_000
 
 
 def agent_preset() -> str:
@@ -132,6 +135,7 @@ def make_plan(*, quick: bool = False, seed: int = 0, families: list[str] | None 
         train={"ppo": {"env": "sandbox:max_steps=4", "iterations": 1}} if small else agent_train,
         evaluate={"max_new_tokens": 64} if small else {},
         rft={"max_tokens": 64} if small else {},
+        drills=0 if quick or small else FULL_DRILLS,
     )  # fmt: skip
     plan = replace(plan, **overrides)
     if plan.drills and not MIN_DRILLS <= plan.drills <= MAX_DRILLS:
@@ -602,8 +606,9 @@ def summary_lines(root: ModelVersion) -> list[str]:
 def plan_from_options(options: dict[str, Any]) -> DemoPlan:
     """The plan the command's options ask for (`families` comma-separated; empty: the plan's own)."""
     families = [f.strip() for f in (options.get("families") or "").split(",") if f.strip()] or None
+    drills = {} if options.get("drills") is None else {"drills": options["drills"]}  # None: the plan's own
     return make_plan(quick=options["quick"], seed=options["seed"], families=families,
-                     iterations=options.get("iterations"), drills=options.get("drills") or 0)  # fmt: skip
+                     iterations=options.get("iterations"), **drills)  # fmt: skip
 
 
 def run_demo_command(stdout: Any, options: dict[str, Any]) -> ModelVersion:

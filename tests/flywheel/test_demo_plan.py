@@ -41,7 +41,8 @@ def test_plans():
         make_plan(iterations=11)
     assert [t for t in rotate([1, 2, 3], 2, 2)] == [3, 1] and rotate([], 2, 0) == []
     drilled = plan_from_options({**DEFAULT_PLAN, "seed": 0, "drills": 64})
-    assert (full.drills, make_plan(drills=32_000).drills, drilled.drills) == (0, 32_000, 64)
+    assert (quick.drills, full.drills, make_plan(drills=0).drills, drilled.drills) == (0, 32_000, 0, 64)
+    assert plan_from_options({"quick": False, "seed": 0, "drills": None}).drills == 32_000
     for drills in (-1, 31, 10**6):
         with pytest.raises(DemoError, match=r"drills must be 0 \(none\) or from 32 to 200000"):
             make_plan(drills=drills)

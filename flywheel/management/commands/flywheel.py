@@ -54,8 +54,13 @@ class Command(BaseCommand):
         demo.add_argument(
             "--iterations", type=int, default=None, help="iterations after the bootstrap (0-10; 2 with --quick, else 3)"
         )
-        demo.add_argument("--drills", type=int, default=0, help="pre-train the untrained agent on this many grounding "
-                          "drills first (32000: about 7 minutes; docs/agent.md)")  # fmt: skip
+        demo.add_argument(
+            "--drills",
+            type=int,
+            default=None,
+            help="pre-train the untrained agent on this many "
+            "grounding drills first (default 32000, about 7 minutes; 0 with --quick; docs/agent.md)",
+        )
         demo.add_argument("--base-url", default="", help="the web app the simulated annotators use (default: WEB_PORT)")
         demo.add_argument("--out", default="", help="folder for report.json and report.png (default: var/demo/<run>)")
         demo.add_argument("--wait", type=float, default=0, help="seconds to wait for the stack to come up")
