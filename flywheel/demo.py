@@ -237,10 +237,9 @@ def run_name(plan: DemoPlan) -> str:
     return f"{ROOT_PREFIX}-s{plan.seed}-{timezone.now().strftime('%Y%m%d-%H%M%S')}"
 
 
-def untrained_agent(plan: DemoPlan, name: str, progress: Progress | None = None) -> ModelVersion:
+def untrained_agent(plan: DemoPlan, name: str, progress: Progress) -> ModelVersion:
     """Register the untrained agent as `name` (pre-trained on the plan's grounding drills, if any), serve it from the
     embedded policy server and make it the annotation model, so iteration 0 is compared with it."""
-    progress = progress or (lambda *args: None)
     drilled = f" (pre-trained on {plan.drills} grounding drills)" if plan.drills else ""
     checkpoint = build_untrained(runs_root() / "demo" / name, plan.seed)
     if plan.drills:

@@ -11,10 +11,7 @@ instances, positions or flows. Random letter strings did not learn within 1,600 
 
 from __future__ import annotations
 
-import functools
-import json
 import random
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -78,11 +75,11 @@ def drills(count: int, seed: int = 0) -> list[Episode]:
 
 
 def drill_agent(model: str | Path, out: str | Path, *, count: int = 32_000, seed: int = 0, batch: int = 32,
-                lr: float = 3e-3, progress: bool = True, sft: Callable[[Any], dict[str, Any]] | None = None,
+                lr: float = 3e-3, progress: bool = True, sft: Callable[..., dict[str, Any]] | None = None,
                 on_progress: Callable[[int], None] | None = None) -> Path:  # fmt: skip
     """Train `model` on `count` drills (one pass, `batch` a step) and write the result to `out`/final; returns it.
     Kept as it is when `out`/final already exists (the drills are fixed by `seed`). `on_progress` hears the number
-    of drills trained on every few seconds (for a caller's own progress display)."""
+    of drills trained after each step (for a caller's own progress display)."""
     from training.sft import SFTConfig, train_sft
 
     if batch < 1 or count < batch:
@@ -97,44 +94,8 @@ def drill_agent(model: str | Path, out: str | Path, *, count: int = 32_000, seed
     config = SFTConfig(model=str(model), data=str(data), out=str(out / "run"), lr=lr, warmup_steps=20,
                        batch_episodes=batch, micro_batch=batch, max_length=1024, seed=seed, keep=1,
                        progress=progress)  # fmt: skip
-    train = functools.partial(sft or train_sft, config)
-    if on_progress is None:
-        train()
-    else:
-        _reporting(train, out / "run" / "metrics.jsonl", on_progress)
+    on_step = None if on_progress is None else lambda step, metrics: on_progress(int(metrics["episodes"]))
+    (sft or train_sft)(config, on_step)
     (out / "run" / "final").rename(final)
     data.unlink()
     return final
-
-
-def _reporting(train: Callable[[], Any], metrics: Path, on_progress: Callable[[int], None], every: float = 2.0) -> None:
-    """Run `train` in a thread and report the episodes its metrics file counts until it ends; its error is raised."""
-    errors: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            train()
-        except BaseException as exc:  # raised again in the caller's thread
-            errors.append(exc)
-
-    thread = threading.Thread(target=target, name="drills", daemon=True)  # a daemon: Ctrl-C ends the process
-    thread.start()
-    while True:
-        thread.join(every)
-        last = _last_line(metrics)
-        if last:
-            on_progress(int(json.loads(last).get("episodes", 0)))
-        if not thread.is_alive():
-            break
-    if errors:
-        raise errors[0]
-
-
-def _last_line(path: Path) -> str:
-    """The file's last complete line ("" before it has one)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return ""
-    lines = text.splitlines() if text.endswith("\n") else text.splitlines()[:-1]
-    return lines[-1] if lines else ""

@@ -13,7 +13,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,8 +106,9 @@ def masked_nll_sum(model: Any, batch: dict[str, torch.Tensor], *, pack: bool = T
     return -(log_probs * batch["mask"]).sum()
 
 
-def train_sft(cfg: SFTConfig) -> dict[str, Any]:
-    """Runs CT/SFT; returns the last step's metrics. Rank 0 writes metrics, checkpoints and `final/`."""
+def train_sft(cfg: SFTConfig, on_step: Callable[[int, dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Runs CT/SFT; returns the last step's metrics. Rank 0 writes metrics, checkpoints and `final/`, and calls
+    `on_step(step, metrics)` after each step (for a caller's own progress display)."""
     rank, world = dist.init()
     if cfg.batch_episodes < world:
         raise ValueError(f"batch_episodes ({cfg.batch_episodes}) must be at least the number of processes ({world})")
@@ -172,6 +173,8 @@ def train_sft(cfg: SFTConfig) -> dict[str, Any]:
             "episodes": consumed,
         }
         logger.log(step, metrics, stage=cfg.mode)
+        if on_step is not None and rank == 0:
+            on_step(step, metrics)
         bar.update(1)
         bar.set_postfix(loss=f"{metrics['loss']:.4f}")
         if cfg.save_every and step % cfg.save_every == 0:

@@ -72,7 +72,7 @@ def test_the_cli_drills_an_agent_once_and_keeps_its_decoding(tmp_path):
     assert (final / "model.safetensors").read_bytes() != (agent / "model.safetensors").read_bytes()
     trained = (final / "model.safetensors").stat().st_mtime_ns
 
-    def no_training(config):  # a second call finds the drilled agent and trains nothing
+    def no_training(config, on_step=None):  # a second call finds the drilled agent and trains nothing
         raise AssertionError(f"trained again: {config}")
 
     assert drill_agent(agent, tmp_path / "drilled", count=16, batch=8, progress=False, sft=no_training) == final
@@ -85,7 +85,7 @@ def test_a_caller_hears_the_drills_trained_and_the_trainers_error(tmp_path):
     final = drill_agent(agent, tmp_path / "drilled", count=16, batch=8, progress=False, on_progress=heard.append)
     assert (final / "model.safetensors").is_file() and heard and heard[-1] == 16 and heard == sorted(heard)
 
-    def broken(config):
+    def broken(config, on_step=None):
         raise RuntimeError("out of memory")
 
     with pytest.raises(RuntimeError, match="out of memory"):
