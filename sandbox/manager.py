@@ -94,6 +94,7 @@ class SessionManager:
         self.pool: list[Session] = []
         self.lock = threading.Lock()
         self._root_lock: int | None = None  # fd holding the root's flock, from claim_root() to shutdown()
+        self._stopping = False  # set by shutdown(): a desktop that finishes starting after it is not kept
 
     # --- life of a session ------------------------------------------------------------------------------------------
 
@@ -117,10 +118,15 @@ class SessionManager:
     def fill_warm_pool(self) -> int:
         """Start desktops until `warm` are ready; returns how many were started."""
         started = 0
-        while len(self.pool) < self.warm:
+        while not self._stopping and len(self.pool) < self.warm:
             session = self._start()
             with self.lock:
-                self.pool.append(session)
+                kept = not self._stopping
+                if kept:
+                    self.pool.append(session)
+            if not kept:  # shutdown() began while it started and has taken the pool already: it would outlive us
+                self._destroy(session)
+                break
             started += 1
         return started
 
@@ -242,6 +248,7 @@ class SessionManager:
         """Stop every session and warm desktop of this manager, in parallel (a supervisor gives a few seconds):
         leases released, browsers closed, desktops stopped, users, homes and cgroups removed; the root is let go."""
         with self.lock:
+            self._stopping = True
             sessions, self.sessions = list(self.sessions.values()), {}
             pool, self.pool = self.pool, []
         for session in sessions:
@@ -269,6 +276,7 @@ class SessionManager:
         Only this root is looked at: another copy of the project, with a root of its own, is never touched."""
         if self._root_lock is not None:
             return []
+        self._stopping = False
         self.root.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.root / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
         try:

@@ -185,9 +185,17 @@ def create_app(manager: SessionManager, api_key: str, *, reclaim_every_s: float 
 
     def housekeeping() -> None:
         while not stop.wait(reclaim_every_s):
-            for session_id, _ in manager.reclaim():
-                captures.discard(session_id)
-            manager.fill_warm_pool()
+            try:
+                for session_id, _ in manager.reclaim():
+                    captures.discard(session_id)
+                manager.fill_warm_pool()
+            except Exception as exc:  # one failed round (a desktop that would not start) must not end them all
+                # Ctrl-C reaches the whole process group, and a program being started is in it for an instant: when
+                # the stop follows within a round, it caused the failure, which is then expected and no error.
+                if stop.wait(reclaim_every_s):
+                    log.info("housekeeping stopped mid-round: %s", exc)
+                else:
+                    log.error("housekeeping failed; trying again in %s s", reclaim_every_s, exc_info=exc)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):  # type: ignore[no-untyped-def]
@@ -197,7 +205,7 @@ def create_app(manager: SessionManager, api_key: str, *, reclaim_every_s: float 
         worker.start()
         yield
         stop.set()
-        worker.join(timeout=10)
+        worker.join(timeout=30)  # a desktop it is starting takes up to its timeouts; shutdown() then drops it
         try:
             await run_in_threadpool(captures.close)
         except Exception:

@@ -1,6 +1,7 @@
 """The session manager with real desktops, users and Redis leases: pool, capacity, loss and reclaim."""
 
 import subprocess
+import threading
 import time
 
 import pytest
@@ -76,3 +77,18 @@ def test_browser_sessions_run_chromium_as_the_session_user_and_keep_downloads(ma
     session.browser.execute(Click(Point(10, 10)))
     assert wait_for(lambda: (session.user.home / "Downloads" / "report.csv").exists())
     assert run_shell(session.user, "cat Downloads/report.csv").stdout == "a,b\n1,2\n"
+
+
+def test_a_warm_desktop_that_finishes_starting_after_the_shutdown_is_not_kept(manager):
+    """Stopping while the warm pool refills (the service's housekeeping thread) must not leave that desktop
+    running: the shutdown has taken the pool already, so the filler drops what it finishes starting."""
+    filler = threading.Thread(target=manager.fill_warm_pool)
+    filler.start()
+    started = lambda: manager.root.exists() and any(p.is_dir() for p in manager.root.iterdir())  # noqa: E731
+    assert wait_for(started, timeout=30), "no desktop was started"
+    manager.shutdown()  # in all likelihood while the desktop is still starting; either way nothing may be left
+    filler.join(timeout=60)
+    assert not filler.is_alive()
+    assert manager.pool == [] and manager.sessions == {}
+    assert [p.name for p in manager.root.iterdir() if p.is_dir() and p.name.isalnum()] == []
+    assert manager.fill_warm_pool() == 0  # a stopped manager starts nothing more
