@@ -7,7 +7,7 @@ import re
 import uuid
 
 import pytest
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Page, Route, expect
 
 from annotation_app.models import Capture, LiveSession, Role, Task, Trajectory
 
@@ -121,6 +121,35 @@ def test_timeline_errors_show_next_to_the_thought_and_on_submit(browser_page):
     Trajectory.objects.filter(pk=trajectory.pk).update(status=Trajectory.Status.SUBMITTED)  # from another tab
     page.click("#submit-capture")  # the refusal shows on the page, beside the button (it was an alert box)
     expect(page.locator("#submit-error")).to_have_text("Not submitted: This trajectory was already submitted.")
+
+
+def test_a_thought_typed_before_the_timeline_script_ran_is_saved(browser_page):
+    """The timeline's script is a module, run after the page shows: a thought typed before it ran (no listener yet)
+    is saved when it runs, not lost without a word. Held back here so the typing surely comes first."""
+    annotator = UserFactory(username="ann1", role=Role.ANNOTATOR)
+    trajectory = TrajectoryFactory(annotator=annotator, mode=Trajectory.Mode.IN_SITU)
+    step = StepFactory(trajectory=trajectory, index=0, action={"actions": []}, thought="")
+    capture = Capture.objects.create(
+        annotator=annotator, session_id=uuid.uuid4(), size=1, sha256="0" * 64, status=Capture.Status.READY,
+        trajectory=trajectory, meta={"screen": {"width": 640, "height": 400}},
+    )  # fmt: skip
+    page = browser_page()
+    sign_in(page, "ann1")
+    held: list[Route] = []
+    page.route(re.compile(r"/timeline[^/]*\.js"), lambda route: held.append(route))
+    page.goto(f"/insitu/{capture.pk}/", wait_until="commit")
+    page.fill("textarea.thought", "Typed before the script ran.")
+    page.locator("textarea.thought").blur()
+    for _ in range(200):
+        if held:
+            break
+        page.wait_for_timeout(50)
+    assert len(held) == 1, "the page did not ask for its timeline script"
+    expect(page.locator(".save-state")).to_have_text("")  # nothing listened yet
+    held[0].continue_()
+    expect(page.locator(".save-state")).to_have_text("saved")
+    step.refresh_from_db()
+    assert step.thought == "Typed before the script ran."
 
 
 def test_live_override_errors_show_on_the_live_page(browser_page):

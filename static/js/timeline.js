@@ -91,6 +91,8 @@ if (root.dataset.editable) {
     };
     area.addEventListener("input", () => { clearTimeout(timer); timer = setTimeout(save, 400); });
     area.addEventListener("blur", () => { if (timer) { clearTimeout(timer); save(); } });
+    // A module runs after the page shows: what was typed before this ran had no listener, so it is saved now.
+    if (area.value !== area.defaultValue) save();
   }
 }
 

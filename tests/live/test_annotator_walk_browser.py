@@ -67,7 +67,7 @@ def test_the_annotator_records_submits_sees_the_rejection_fixes_and_resubmits(
         expect(page.locator("textarea.thought").first).to_be_visible(timeout=30_000)
         page.locator("textarea.thought").first.fill("I click the middle of the desktop.")
         page.locator("textarea.thought").first.blur()
-        expect(page.locator(".save-state").first).to_have_text("saved")
+        expect(page.locator(".save-state").first).to_have_text("saved", timeout=30_000)
         annotator.shot("timeline")
         page.click("#submit-capture")
         if page.locator("#submit-warning").is_visible():  # some thoughts are empty (what the beeps were heard as)
@@ -95,7 +95,7 @@ def test_the_annotator_records_submits_sees_the_rejection_fixes_and_resubmits(
         area = page.locator("textarea.thought").first
         area.fill("The task says the middle, so I click the middle of the desktop.")
         area.blur()
-        expect(page.locator(".save-state").first).to_have_text("saved")
+        expect(page.locator(".save-state").first).to_have_text("saved", timeout=30_000)
         expect(page.locator("#trajectory-status")).to_have_text("Rejected")
         page.click("#submit-capture")
         if page.locator("#submit-warning").is_visible():
