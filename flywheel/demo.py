@@ -640,10 +640,10 @@ def run_demo_command(stdout: Any, options: dict[str, Any]) -> ModelVersion:
 # --- the default annotation model of scripts/run -------------------------------------------------------------------
 
 DEFAULT_NAME = "suite-agent"  # served name of the default agent, and its registry name's stem
-# The demonstration that trains it: the quick sizes on the full plan's six browser families, one iteration (6.4 min on
-# a running stack; 6/24 held-out, docs/flywheel.md), so it has seen every browser family of the demo data, where the
-# quick plan's model was trained on two of them.
-DEFAULT_PLAN = {"quick": True, "families": ",".join(DEFAULT_AGENT_FAMILIES), "iterations": 1}
+# The demonstration that trains it: the quick sizes on the full plan's six browser families, one iteration, so it has
+# seen every browser family of the demo data, from a base pre-trained on the full plan's grounding drills: without
+# them it picks among a page's elements at chance (6/24 held-out; docs/flywheel.md, "The default model").
+DEFAULT_PLAN = {"quick": True, "families": ",".join(DEFAULT_AGENT_FAMILIES), "iterations": 1, "drills": FULL_DRILLS}
 REPLACEABLE = ("tiny-uitars-embedded",)  # active models the default agent may replace (the random one seed_demo adds)
 
 

@@ -52,6 +52,7 @@ def test_the_default_agent_learns_every_browser_family_of_the_full_plan_in_one_s
     plan = plan_from_options({**DEFAULT_PLAN, "seed": 0})
     quick = make_plan(quick=True)
     assert plan.families == DEFAULT_AGENT_FAMILIES == FULL_FAMILIES and plan.iterations == 1
+    assert plan.drills == make_plan().drills > 0  # it grounds: the full plan's drilled base
     assert (plan.train_per_family, plan.heldout_per_family, plan.max_steps) == (
         quick.train_per_family, quick.heldout_per_family, quick.max_steps)  # fmt: skip
     chosen = plan_from_options({"quick": False, "seed": 2, "families": " radio, search ,"})
