@@ -242,13 +242,17 @@ def untrained_agent(plan: DemoPlan, name: str, progress: Progress) -> ModelVersi
     embedded policy server and make it the annotation model, so iteration 0 is compared with it."""
     drilled = f" (pre-trained on {plan.drills} grounding drills)" if plan.drills else ""
     checkpoint = build_untrained(runs_root() / "demo" / name, plan.seed)
+    metrics: dict[str, Any] = {}
     if plan.drills:
         from training.drills import drill_agent
 
         progress("drills", 0, 0, plan.drills)
+        started = time.monotonic()
         checkpoint = drill_agent(checkpoint, runs_root() / "demo" / f"{name}-drills", count=plan.drills,
                                  seed=plan.seed, progress=False,
                                  on_progress=lambda done: progress("drills", 0, done, plan.drills))  # fmt: skip
+        # the report shows them as iteration 0's first stage: they run before any iteration exists
+        metrics["drills"] = {"count": plan.drills, "seconds": round(time.monotonic() - started, 1)}
     release_earlier_demonstrations()
     problem = registry.load_into_embedded_server(name, str(checkpoint))
     if problem:
@@ -258,6 +262,9 @@ def untrained_agent(plan: DemoPlan, name: str, progress: Progress) -> ModelVersi
         None, name=name, checkpoint_uri=str(checkpoint), endpoint_url=settings.EMBEDDED_POLICY_URL, served_name=name,
         notes=f"flywheel demonstration: untrained agent{drilled}; plan {json_plan(plan)}",
     )  # fmt: skip
+    if metrics:
+        model.metrics = {**(model.metrics or {}), **metrics}
+        model.save(update_fields=["metrics"])
     registry.promote(model, by=None, reason="flywheel demonstration: the untrained agent starts")
     return model
 

@@ -20,7 +20,9 @@ from training.evaluate import wilson_interval
 from .models import DatasetVersion, Iteration, ModelVersion, Validation
 
 ROOT_PREFIX = "demo-agent"  # flywheel.demo.ROOT_PREFIX (kept here so the report's page never imports the runner)
-STAGE_ORDER = ("demonstrations", "annotation", "rft", "validate", "export", "ct", "sft", "value", "ppo", "evaluate")
+STAGE_ORDER = (
+    "drills", "demonstrations", "annotation", "rft", "validate", "export", "ct", "sft", "value", "ppo", "evaluate",
+)  # fmt: skip
 
 
 def roots() -> list[ModelVersion]:
@@ -181,6 +183,18 @@ def against(first: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def with_drills(root: ModelVersion, rows: list[dict[str, Any]]) -> float:
+    """Put the grounding drills (run before the root was registered, so before any iteration) in iteration 0's
+    stages and wall time; returns their seconds (0 without drills)."""
+    drills = (root.metrics or {}).get("drills") or {}
+    seconds = float(drills.get("seconds") or 0.0)
+    if rows and seconds:
+        first = rows[0]
+        first["stages"] = {"drills": {"trajectories": None, "seconds": seconds, "status": "done"}, **first["stages"]}
+        first["wall_s"] = round(first["wall_s"] + seconds, 1) if first["wall_s"] is not None else None
+    return seconds
+
+
 def build_report(root: ModelVersion) -> dict[str, Any]:
     """The demonstration of `root` as one JSON-ready dict (the page, the PNG and report.json all draw on it)."""
     iterations = iterations_of(root)
@@ -195,6 +209,7 @@ def build_report(root: ModelVersion) -> dict[str, Any]:
     last = rows[-1]["heldout"]["overall"] if rows and rows[-1]["heldout"] else None
     stamps = [it.started_at for it in iterations if it.started_at] + [root.created_at]
     ends = [it.finished_at for it in iterations if it.finished_at]
+    drills_s = with_drills(root, rows)
     goals = None
     if first and last and len(rows) > 1:
         kept = next((row for row in reversed(rows) if row["promoted"] and row["heldout"]), rows[0])
@@ -214,7 +229,7 @@ def build_report(root: ModelVersion) -> dict[str, Any]:
         "untrained": rows[0]["heldout_base"] if rows else None,
         "iterations": rows,
         "goals": goals,
-        "wall_s": round((max(ends) - min(stamps)).total_seconds(), 1) if ends else None,
+        "wall_s": round((max(ends) - min(stamps)).total_seconds() + drills_s, 1) if ends else None,
         "simulated_trajectories": Trajectory.objects.filter(Q(simulated=True), validations__iteration__in=iterations)
         .distinct()
         .count(),

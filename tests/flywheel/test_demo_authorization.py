@@ -4,6 +4,9 @@ new trajectories, the acceptance rate of proposals, per-stage counts and times."
 
 from __future__ import annotations
 
+import re
+from datetime import timedelta
+
 import pytest
 from django.urls import reverse
 
@@ -147,3 +150,18 @@ def test_the_report_is_computed_from_the_database(make_user):
     page = _reader(make_user).get(reverse("flywheel-demo")).content.decode()
     assert "the untrained agent pre-trained on 32000 grounding drills" in page and "untrained + drills" in page
     assert plot_png(build_report(root))[:8] == b"\x89PNG\r\n\x1a\n"
+    # The drills ran before any iteration: they are iteration 0's first stage, in its wall time and the total.
+    for n, iteration in enumerate(Iteration.objects.filter(base_model__isnull=False).order_by("created_at")):
+        start = root.created_at + timedelta(seconds=100 * n)
+        Iteration.objects.filter(pk=iteration.pk).update(started_at=start, finished_at=start + timedelta(seconds=90))
+    undrilled = build_report(root)
+    root.metrics = {"drills": {"count": 32000, "seconds": 400.0}}
+    root.save()
+    drilled = build_report(root)
+    zero = drilled["iterations"][0]
+    assert next(iter(zero["stages"])) == "drills" and zero["stages"]["drills"]["seconds"] == 400.0
+    assert (undrilled["iterations"][0]["wall_s"], zero["wall_s"]) == (90.0, 490.0)
+    assert drilled["wall_s"] == undrilled["wall_s"] + 400.0
+    assert "drills" not in drilled["iterations"][1]["stages"]
+    page = _reader(make_user).get(reverse("flywheel-demo")).content.decode()
+    assert re.search(r"<td>drills</td>\s*<td>[^<]*</td>\s*<td>400.0</td>", page), page

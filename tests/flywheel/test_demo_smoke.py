@@ -166,6 +166,7 @@ def test_demo_runs_every_stage_through_the_platform(media, transactional_db, tmp
     assert Path(root.checkpoint_uri) == runs / "demo" / f"{root.name}-drills" / "final"
     drilled, built = Path(root.checkpoint_uri) / "model.safetensors", runs / "demo" / root.name / "model.safetensors"
     assert drilled.read_bytes() != built.read_bytes() and "32 grounding drills" in root.notes
+    assert root.metrics["drills"]["count"] == 32 and root.metrics["drills"]["seconds"] > 0  # the report's first stage
 
     bootstrap, loop = Iteration.objects.filter(base_model__isnull=False).order_by("created_at")
     assert bootstrap.base_model == root and bootstrap.domains == plan.domains
