@@ -27,6 +27,8 @@ from .keys import X11_BUTTONS, X11_SCROLL
 from .session import FRAMES, EventLog, Session
 from .x11 import display_name
 
+SCROLL_DELIVERY_LAG_S = 1.0  # how late recorded events may arrive before a pending scroll is written out
+
 
 @dataclass(frozen=True)
 class Frame:
@@ -414,7 +416,9 @@ class Capture:
             pending = self._pending
             if pending is None:
                 return
-            limit = self.move_interval if pending.kind == "move" else self.scroll_gap
+            # A scroll waits a second longer than its gap: notches merge by their X timestamps, and the server may
+            # hand them over late, in a batch; flushing the first one early would split one wheel turn in two.
+            limit = self.move_interval if pending.kind == "move" else self.scroll_gap + SCROLL_DELIVERY_LAG_S
             if self.now() - pending.updated > limit:
                 self._flush_pending()
 
