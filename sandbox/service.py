@@ -195,7 +195,7 @@ def create_app(manager: SessionManager, api_key: str, *, reclaim_every_s: float 
                 if stop.wait(reclaim_every_s):
                     log.info("housekeeping stopped mid-round: %s", exc)
                 else:
-                    log.error("housekeeping failed; trying again in %s s", reclaim_every_s, exc_info=exc)
+                    log.error("housekeeping failed; trying again at the next round", exc_info=exc)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):  # type: ignore[no-untyped-def]
