@@ -140,6 +140,8 @@ def make_plan(*, quick: bool = False, seed: int = 0, families: list[str] | None 
     plan = replace(plan, **overrides)
     if plan.drills and not MIN_DRILLS <= plan.drills <= MAX_DRILLS:
         raise DemoError(f"drills must be 0 (none) or from {MIN_DRILLS} to {MAX_DRILLS}")
+    if plan.bootstrap_per_family is not None and plan.bootstrap_per_family < 1:
+        raise DemoError("the bootstrap must be at least 1 demonstration per family")
     return plan
 
 
@@ -612,9 +614,13 @@ def summary_lines(root: ModelVersion) -> list[str]:
 def plan_from_options(options: dict[str, Any]) -> DemoPlan:
     """The plan the command's options ask for (`families` comma-separated; empty: the plan's own)."""
     families = [f.strip() for f in (options.get("families") or "").split(",") if f.strip()] or None
-    drills = {} if options.get("drills") is None else {"drills": options["drills"]}  # None: the plan's own
+    overrides: dict[str, Any] = {}  # None: the plan's own
+    if options.get("drills") is not None:
+        overrides["drills"] = options["drills"]
+    if options.get("bootstrap") is not None:
+        overrides["bootstrap_per_family"] = options["bootstrap"]
     return make_plan(quick=options["quick"], seed=options["seed"], families=families,
-                     iterations=options.get("iterations"), **drills)  # fmt: skip
+                     iterations=options.get("iterations"), **overrides)  # fmt: skip
 
 
 def run_demo_command(stdout: Any, options: dict[str, Any]) -> ModelVersion:

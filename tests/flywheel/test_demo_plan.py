@@ -85,6 +85,10 @@ def test_the_command_names_what_is_not_running(settings, db):
         call_command("flywheel", "demo", "--families", "nope")
     with pytest.raises(CommandError, match="drills must be"):
         call_command("flywheel", "demo", "--drills", "5")
+    with pytest.raises(CommandError, match="the bootstrap must be at least 1"):
+        call_command("flywheel", "demo", "--bootstrap", "0")
+    assert demo.plan_from_options({"quick": False, "seed": 0, "bootstrap": 1}).bootstrap_per_family == 1
+    assert demo.plan_from_options({"quick": False, "seed": 0}).bootstrap_per_family == 2
 
 
 def test_the_default_agent_waits_for_the_policy_server_and_says_when_it_never_answers(settings, db, tmp_path,

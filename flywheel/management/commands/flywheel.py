@@ -61,6 +61,12 @@ class Command(BaseCommand):
             help="pre-train the untrained agent on this many "
             "grounding drills first (default 32000, about 7 minutes; 0 with --quick; docs/agent.md)",
         )
+        demo.add_argument(
+            "--bootstrap",
+            type=int,
+            default=None,
+            help="oracle demonstrations per family in the bootstrap SFT store (default 2; 4 with --quick)",
+        )
         demo.add_argument("--base-url", default="", help="the web app the simulated annotators use (default: WEB_PORT)")
         demo.add_argument("--out", default="", help="folder for report.json and report.png (default: var/demo/<run>)")
         demo.add_argument("--wait", type=float, default=0, help="seconds to wait for the stack to come up")
