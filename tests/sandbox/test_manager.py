@@ -92,3 +92,28 @@ def test_a_warm_desktop_that_finishes_starting_after_the_shutdown_is_not_kept(ma
     assert manager.pool == [] and manager.sessions == {}
     assert [p.name for p in manager.root.iterdir() if p.is_dir() and p.name.isalnum()] == []
     assert manager.fill_warm_pool() == 0  # a stopped manager starts nothing more
+
+
+def test_the_services_housekeeping_survives_a_desktop_that_would_not_start(manager, caplog):
+    """One failed refill (a desktop that would not start) is logged and tried again at the next round; it used to
+    end the housekeeping thread, and with it reclaiming and refilling until the service restarted."""
+    from fastapi.testclient import TestClient
+
+    from sandbox.desktop import DesktopError
+    from sandbox.service import create_app
+
+    start, failures = manager._start, []
+
+    def start_once_failing(*args, **kwargs):
+        if not failures:
+            failures.append(time.monotonic())
+            raise DesktopError("the window manager exited with status 1")  # what a broken start raises
+        return start(*args, **kwargs)
+
+    with TestClient(create_app(manager, "key", reclaim_every_s=0.2)):
+        assert len(manager.pool) == 1  # the start filled the pool
+        manager._start = start_once_failing  # the next desktop the housekeeping starts fails
+        manager.release(manager.allocate("alice", ttl_s=30).session_id, "alice")  # takes the warm desktop
+        assert wait_for(lambda: failures and len(manager.pool) == 1, timeout=60), "the pool was not refilled"
+    failed = [r for r in caplog.records if r.name == "sandbox.service" and "housekeeping failed" in r.message]
+    assert failed and failed[0].levelname == "ERROR" and "status 1" in str(failed[0].exc_info[1])
