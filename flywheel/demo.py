@@ -31,7 +31,7 @@ from annotation_app.live.sessions import sandbox_as
 from annotation_app.models import Step, Task, Trajectory
 from annotation_app.task_import import import_tasks
 from sandbox.suite import families as suite_families
-from sandbox.suite import suite_tasks
+from sandbox.suite import family, suite_tasks
 from sandbox.suite.run import read_state
 from training.rollout import Reply, run_episode
 
@@ -496,13 +496,22 @@ BOOTSTRAP_STAGES = [Stage.VALIDATE, Stage.EXPORT, Stage.SFT, Stage.EVALUATE]
 LOOP_STAGES = [Stage.RFT, Stage.VALIDATE, Stage.EXPORT, Stage.SFT, Stage.PPO, Stage.EVALUATE]
 
 
+def round_robin(tasks: list[Task], key: str) -> list[Task]:
+    """The tasks round-robin by `metadata[key]`, each group's in their order."""
+    groups: dict[str, list[Task]] = {}
+    for task in tasks:
+        groups.setdefault(str((task.metadata or {}).get(key)), []).append(task)
+    columns = list(groups.values())
+    return [column[n] for n in range(max(map(len, columns), default=0)) for column in columns if n < len(column)]
+
+
 def interleave(tasks: list[Task]) -> list[Task]:
-    """The tasks round-robin by family (metadata.suite), each family's in their order: any prefix is balanced."""
+    """The tasks round-robin by family (metadata.suite), each family's round-robin by difficulty level: any prefix
+    is balanced by family, and by level within a family."""
     by_family: dict[str, list[Task]] = {}
     for task in tasks:
         by_family.setdefault(str((task.metadata or {}).get("suite")), []).append(task)
-    columns = list(by_family.values())
-    return [column[n] for n in range(max(map(len, columns), default=0)) for column in columns if n < len(column)]
+    return round_robin([t for family in by_family.values() for t in round_robin(family, "difficulty")], "suite")
 
 
 def split_training(plan: DemoPlan, train: list[Task]) -> tuple[list[Task], list[Task]]:
@@ -619,8 +628,27 @@ def plan_from_options(options: dict[str, Any]) -> DemoPlan:
         overrides["drills"] = options["drills"]
     if options.get("bootstrap") is not None:
         overrides["bootstrap_per_family"] = options["bootstrap"]
-    return make_plan(quick=options["quick"], seed=options["seed"], families=families,
+    plan = make_plan(quick=options["quick"], seed=options["seed"], families=families,
                      iterations=options.get("iterations"), **overrides)  # fmt: skip
+    if options.get("levels"):
+        try:
+            levels = tuple(sorted({int(level) for level in options["levels"].split(",") if level.strip()}))
+        except ValueError:
+            raise DemoError(f"--levels takes comma-separated numbers such as 1,2; got {options['levels']!r}") from None
+        plan = with_levels(plan, levels)
+    return plan
+
+
+def with_levels(plan: DemoPlan, levels: tuple[int, ...]) -> DemoPlan:
+    """`plan` at difficulty `levels`, its training and held-out instances per family shared among them (each level
+    has as many), so that the run's size and time stay the plan's. Each family must have every level."""
+    lacking = [name for name in plan.families if not set(levels) <= set(family(name).levels)]
+    if not levels or lacking:
+        known = ", ".join(f"{name} {'/'.join(map(str, family(name).levels))}" for name in plan.families)
+        raise DemoError(f"levels {','.join(map(str, levels)) or '(none)'} are not all had by every family ({known})")
+    share = len(levels)
+    return replace(plan, levels=levels, train_per_family=max(1, plan.train_per_family // share),
+                   heldout_per_family=max(1, plan.heldout_per_family // share))  # fmt: skip
 
 
 def run_demo_command(stdout: Any, options: dict[str, Any]) -> ModelVersion:

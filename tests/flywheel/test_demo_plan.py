@@ -68,6 +68,9 @@ def test_the_bootstrap_takes_a_few_tasks_per_family_and_the_iterations_the_rest(
     assert [t.pk for t in interleave(tasks)] == [0, 4, 8, 1, 5, 9, 2, 6, 3, 7]
     bootstrap, fresh = split_training(make_plan(families=["click-button"], bootstrap_per_family=2), tasks)
     assert [t.pk for t in bootstrap] == [0, 4, 8, 1, 5, 9] and [t.pk for t in fresh] == [2, 6, 3, 7]
+    pairs = [("a", 1), ("a", 1), ("a", 2), ("a", 2), ("b", 1), ("b", 2)]
+    levels = [SimpleNamespace(pk=n, metadata={"suite": f, "difficulty": d}) for n, (f, d) in enumerate(pairs)]
+    assert [t.pk for t in interleave(levels)] == [0, 4, 2, 5, 1, 3]  # by family, each family's by level
     everything, again = split_training(make_plan(families=["click-button"], bootstrap_per_family=None), tasks)
     assert len(everything) == 10 and len(again) == 10  # nothing left over: the iterations go through them again
 
@@ -89,6 +92,12 @@ def test_the_command_names_what_is_not_running(settings, db):
         call_command("flywheel", "demo", "--bootstrap", "0")
     assert demo.plan_from_options({"quick": False, "seed": 0, "bootstrap": 1}).bootstrap_per_family == 1
     assert demo.plan_from_options({"quick": False, "seed": 0}).bootstrap_per_family == 2
+    mixed = demo.plan_from_options({"quick": False, "seed": 0, "levels": "2,1"})
+    assert (mixed.levels, mixed.train_per_family, mixed.heldout_per_family) == ((1, 2), 12, 8)  # the same totals
+    with pytest.raises(CommandError, match="levels 1,3 are not all had by every family"):
+        call_command("flywheel", "demo", "--levels", "1,3")
+    with pytest.raises(CommandError, match="--levels takes comma-separated numbers"):
+        call_command("flywheel", "demo", "--levels", "one")
 
 
 def test_the_default_agent_waits_for_the_policy_server_and_says_when_it_never_answers(settings, db, tmp_path,

@@ -67,6 +67,11 @@ class Command(BaseCommand):
             default=None,
             help="oracle demonstrations per family in the bootstrap SFT store (default 2; 4 with --quick)",
         )
+        demo.add_argument(
+            "--levels",
+            default="",
+            help="comma-separated difficulty levels (default 1); the plan's instances per family are shared among them",
+        )
         demo.add_argument("--base-url", default="", help="the web app the simulated annotators use (default: WEB_PORT)")
         demo.add_argument("--out", default="", help="folder for report.json and report.png (default: var/demo/<run>)")
         demo.add_argument("--wait", type=float, default=0, help="seconds to wait for the stack to come up")
