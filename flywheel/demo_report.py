@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import re
 from datetime import datetime
 from typing import Any
 
@@ -58,21 +59,32 @@ def _family(task: Task | None, key: str) -> str:
     return key.split("-heldout-")[0].removeprefix("suite-") if "-heldout-" in key else key
 
 
+def _level(task: Task | None, key: str) -> str:
+    if task is not None and (task.metadata or {}).get("difficulty") is not None:
+        return str(task.metadata["difficulty"])
+    found = re.search(r"-d(\d+)(?:@|$)", key)  # the suite's external ids end in -d<level> (@<run> in a demonstration)
+    return found.group(1) if found else "?"
+
+
 def heldout(result: dict[str, Any] | None) -> dict[str, Any] | None:
-    """An evaluation result ({by_task: {external id: {episodes, successes}}}) by family and overall."""
+    """An evaluation result ({by_task: {external id: {episodes, successes}}}) by family, by difficulty level and
+    overall."""
     if not result:
         return None
     by_task = result.get("by_task") or {}
     tasks = {t.external_id: t for t in Task.objects.filter(external_id__in=list(by_task))}
     families: dict[str, list[int]] = {}
+    levels: dict[str, list[int]] = {}
     for key, counts in by_task.items():
-        tally = families.setdefault(_family(tasks.get(key), key), [0, 0])
-        tally[0] += int(counts.get("successes", 0))
-        tally[1] += int(counts.get("episodes", 0))
+        for tally in (families.setdefault(_family(tasks.get(key), key), [0, 0]),
+                      levels.setdefault(_level(tasks.get(key), key), [0, 0])):  # fmt: skip
+            tally[0] += int(counts.get("successes", 0))
+            tally[1] += int(counts.get("episodes", 0))
     total = [sum(t[0] for t in families.values()), sum(t[1] for t in families.values())]
     if isinstance(result.get("episodes"), int) and isinstance(result.get("successes"), int):
         total = [result["successes"], result["episodes"]]  # the evaluation's own counts
-    return {"overall": rate(*total), "by_family": {f: rate(*t) for f, t in sorted(families.items())}}
+    return {"overall": rate(*total), "by_family": {f: rate(*t) for f, t in sorted(families.items())},
+            "by_level": {level: rate(*t) for level, t in sorted(levels.items())}}  # fmt: skip
 
 
 def acceptance(trajectory_ids: list[int]) -> dict[str, Any]:

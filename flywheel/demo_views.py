@@ -38,17 +38,20 @@ def demo_page(request: HttpRequest) -> HttpResponse:
     except BadRoot as exc:
         return render(request, "flywheel/demo.html", {"error": str(exc), "roots": roots()}, status=400)
     report = build_report(root) if root else None
-    context = {"report": report, "roots": roots(), "root": root, "families": family_table(report)}
+    levels = breakdown_table(report, "by_level")  # shown when the run mixed difficulty levels
+    context = {"report": report, "roots": roots(), "root": root, "families": breakdown_table(report),
+               "levels": levels if len(levels) > 1 else []}  # fmt: skip
     return render(request, "flywheel/demo.html", context)
 
 
-def family_table(report: dict | None) -> list[tuple[str, list[dict | None]]]:
-    """Rows of the per-family table: (family, its held-out result in each iteration or None)."""
+def breakdown_table(report: dict | None, by: str = "by_family") -> list[tuple[str, list[dict | None]]]:
+    """Rows of a held-out table per family (`by_family`) or difficulty level (`by_level`): (name, its held-out
+    result in each iteration or None)."""
     if not report:
         return []
     rows = report["iterations"]
-    names = sorted({f for r in rows if r["heldout"] for f in r["heldout"]["by_family"]})
-    return [(n, [(r["heldout"] or {}).get("by_family", {}).get(n) for r in rows]) for n in names]
+    names = sorted({f for r in rows if r["heldout"] for f in r["heldout"].get(by, {})})
+    return [(n, [(r["heldout"] or {}).get(by, {}).get(n) for r in rows]) for n in names]
 
 
 @require_GET

@@ -33,11 +33,11 @@ def _demo(results: tuple[tuple[int, int, bool], ...] = ((1, 1, True), (3, 2, Tru
     trajectories routed to SFT of 2, promoted)."""
     root = ModelVersion.objects.create(name="demo-agent-s0-x", checkpoint_uri="/m/0", notes='plan {"seed": 0}')
     tasks = {}
-    for family in ("click-button", "radio"):
+    for family, level in (("click-button", 1), ("radio", 2)):
         for split, seed in (("heldout", 0), ("train", 1)):
             tasks[family, split] = Task.objects.create(
-                external_id=f"suite-{family}-{split}-s{seed}-d1", instruction=family, project="demo-suite",
-                domain=f"suite-{family}", metadata={"suite": family, "seed": seed, "split": split, "difficulty": 1},
+                external_id=f"suite-{family}-{split}-s{seed}-d{level}", instruction=family, project="demo-suite",
+                domain=f"suite-{family}", metadata={"suite": family, "seed": seed, "split": split, "difficulty": level},
             )  # fmt: skip
     base, made = root, []
     for number, (wins, sft, promoted) in enumerate(results):
@@ -132,6 +132,7 @@ def test_the_report_is_computed_from_the_database(make_user):
     assert first["heldout"]["overall"]["successes"] == 1 and last["heldout"]["overall"]["successes"] == 3
     assert last["heldout"]["by_family"]["click-button"]["successes"] == 2
     assert last["heldout"]["by_family"]["radio"]["successes"] == 1
+    assert {level: r["successes"] for level, r in last["heldout"]["by_level"].items()} == {"1": 2, "2": 1}
     low, high = wilson_interval(3, 4)
     assert (last["heldout"]["overall"]["ci_low"], last["heldout"]["overall"]["ci_high"]) == (low, high)
     assert report["untrained"]["overall"]["n"] == 4 and report["untrained"]["overall"]["successes"] == 0
@@ -145,10 +146,12 @@ def test_the_report_is_computed_from_the_database(make_user):
     page = _reader(make_user).get(reverse("flywheel-demo")).content.decode()
     assert "Held-out success per family" in page and "click-button" in page and "3/4" in page
     assert "drills" not in page
-    root.notes = 'flywheel demonstration: untrained agent; plan {"seed": 0, "drills": 32000}'
+    assert "Held-out success per difficulty level" in page and "level 2" in page and "difficulty levels" not in page
+    root.notes = 'flywheel demonstration: untrained agent; plan {"seed": 0, "drills": 32000, "levels": [1, 2]}'
     root.save()
     page = _reader(make_user).get(reverse("flywheel-demo")).content.decode()
     assert "the untrained agent pre-trained on 32000 grounding drills" in page and "untrained + drills" in page
+    assert "difficulty levels 1, 2" in page
     assert plot_png(build_report(root))[:8] == b"\x89PNG\r\n\x1a\n"
     # The drills ran before any iteration: they are iteration 0's first stage, in its wall time and the total.
     for n, iteration in enumerate(Iteration.objects.filter(base_model__isnull=False).order_by("created_at")):
