@@ -168,3 +168,13 @@ def test_the_report_is_computed_from_the_database(make_user):
     assert "drills" not in drilled["iterations"][1]["stages"]
     page = _reader(make_user).get(reverse("flywheel-demo")).content.decode()
     assert re.search(r"<td>drills</td>\s*<td>[^<]*</td>\s*<td>400.0</td>", page), page
+
+
+def test_held_out_results_of_tasks_no_longer_in_the_pool_are_counted_by_their_ids(db):
+    """A run's tasks may be deleted later: family and level then come from the suite's external ids."""
+    from flywheel.demo_report import heldout
+
+    result = heldout({"by_task": {"suite-radio-heldout-s3-d2@demo-agent-s0-x": {"episodes": 1, "successes": 1},
+                                  "suite-search-heldout-s4-d1": {"episodes": 1, "successes": 0}}})  # fmt: skip
+    assert {name: r["n"] for name, r in result["by_family"].items()} == {"radio": 1, "search": 1}
+    assert {level: r["successes"] for level, r in result["by_level"].items()} == {"1": 0, "2": 1}
