@@ -73,12 +73,14 @@ def test_the_data_lead_imports_edits_filters_and_reviews(browser):
 
     # the domain filter matches any case and part of the name
     page.locator("input[name=domain]").press_sequentially("calc")  # filters as the lead types
+    expect(page).to_have_url(re.compile(r"domain=calc"), timeout=15_000)  # the last keystroke's filter has answered
     expect(page.locator("#task-table tbody tr")).to_have_count(1)
     expect(page.locator("#task-table")).to_contain_text("Sum column B")
     lead.shot("lead-pool-filtered")
 
-    # the task's page: edit, archive, requeue
+    # the task's page: edit, archive, requeue (a page load, which takes seconds on a loaded machine)
     page.click(f"#task-table a[href='/lead/tasks/{task.pk}/']")
+    page.wait_for_url(f"**/lead/tasks/{task.pk}/", timeout=30_000)
     expect(page.locator("h1")).to_contain_text(f"Task #{task.pk}")
     expect(page.locator("main")).to_contain_text("No evaluator")
     page.fill("textarea[name=instruction]", "Sum column B of the sheet into B10.")
