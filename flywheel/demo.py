@@ -496,22 +496,25 @@ BOOTSTRAP_STAGES = [Stage.VALIDATE, Stage.EXPORT, Stage.SFT, Stage.EVALUATE]
 LOOP_STAGES = [Stage.RFT, Stage.VALIDATE, Stage.EXPORT, Stage.SFT, Stage.PPO, Stage.EVALUATE]
 
 
-def round_robin(tasks: list[Task], key: str) -> list[Task]:
-    """The tasks round-robin by `metadata[key]`, each group's in their order."""
+def grouped(tasks: list[Task], key: str) -> list[list[Task]]:
+    """The tasks grouped by `metadata[key]`, groups in order of first appearance, each group's in their order."""
     groups: dict[str, list[Task]] = {}
     for task in tasks:
         groups.setdefault(str((task.metadata or {}).get(key)), []).append(task)
-    columns = list(groups.values())
+    return list(groups.values())
+
+
+def round_robin(tasks: list[Task], key: str) -> list[Task]:
+    """The tasks round-robin by `metadata[key]`, each group's in their order."""
+    columns = grouped(tasks, key)
     return [column[n] for n in range(max(map(len, columns), default=0)) for column in columns if n < len(column)]
 
 
 def interleave(tasks: list[Task]) -> list[Task]:
     """The tasks round-robin by family (metadata.suite), each family's round-robin by difficulty level: any prefix
     is balanced by family, and by level within a family."""
-    by_family: dict[str, list[Task]] = {}
-    for task in tasks:
-        by_family.setdefault(str((task.metadata or {}).get("suite")), []).append(task)
-    return round_robin([t for family in by_family.values() for t in round_robin(family, "difficulty")], "suite")
+    by_level = [t for family in grouped(tasks, "suite") for t in round_robin(family, "difficulty")]
+    return round_robin(by_level, "suite")
 
 
 def split_training(plan: DemoPlan, train: list[Task]) -> tuple[list[Task], list[Task]]:
