@@ -1,9 +1,10 @@
 """The flywheel demonstration's figures across runs (issue 16): per run and iteration, held-out success with its 95 %
 interval and its ratio to the same run's iteration 0 (the baseline), the SFT share of new trajectories, the
 acceptance of proposals, promotion and wall time; then, for runs of the same plan and seed, the spread of each
-iteration's success rate (the reproducibility noise).
+iteration's success rate (the reproducibility noise). With `--by family` or `--by level`, each run's held-out
+successes per family or per difficulty level across its iterations follow.
 
-    python bench/demo_runs.py var/demo/*/report.json
+    python bench/demo_runs.py var/demo/*/report.json [--by family|level]
 
 It reads the report.json files `manage.py flywheel demo` writes (flywheel/demo_report.py); it runs nothing itself.
 """
@@ -42,6 +43,22 @@ def run_rows(report: dict[str, Any]) -> list[list[str]]:
     return out
 
 
+def breakdown_rows(report: dict[str, Any], by: str) -> tuple[list[str], list[list[str]]]:
+    """A report's held-out successes per family or level (rows) and iteration (columns); empty when not recorded."""
+    iterations = report.get("iterations") or []
+    parts = [(row.get("heldout") or {}).get(f"by_{by}") or {} for row in iterations]
+    keys = sorted({str(key) for part in parts for key in part})
+    header = [by, *(f"it {row.get('number')}" for row in iterations)]
+    rows = []
+    for key in keys:
+        cells = []
+        for part in parts:
+            cell = part.get(key)
+            cells.append(f"{cell['successes']}/{cell['n']}" if cell else "—")
+        rows.append([key, *cells])
+    return header, rows
+
+
 def spread(reports: list[dict[str, Any]]) -> list[list[str]]:
     """For each (plan, iteration) seen in more than one run: the runs' success rates, their range and mean."""
     groups: dict[tuple[str, int], list[float]] = defaultdict(list)
@@ -71,6 +88,7 @@ def table(header: list[str], rows: list[list[str]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("reports", nargs="+", type=Path, help="report.json files of demonstration runs")
+    parser.add_argument("--by", choices=["family", "level"], help="also print held-out successes per family or level")
     args = parser.parse_args()
     reports = [json.loads(path.read_text()) for path in args.reports]
     rows = [row for report in reports for row in run_rows(report)]
@@ -78,6 +96,10 @@ def main() -> None:
     for report in reports:
         goals = report.get("goals") or {}
         print(f"{report.get('root')}: {report.get('wall_s')} s in all; goals {json.dumps(goals)}")
+    for report in reports if args.by else []:
+        header, breakdown = breakdown_rows(report, args.by)
+        print(f"\n{report.get('root')}: held-out successes per {args.by}")
+        print(table(header, breakdown) if breakdown else f"(this report has no per-{args.by} figures)")
     same = spread(reports)
     if same:
         print()
