@@ -195,6 +195,18 @@ def against(first: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+TIME_GOAL_S = {False: 3600.0, True: 600.0}  # the full plan's hour, the --quick plan's ten minutes (issue 16)
+
+
+def rising(parts: list[dict[str, Any] | None], key: str) -> bool | None:
+    """Whether a rate rose across the loop's iterations (iteration 0, the bootstrap, is left out): each at least
+    the one before and the last above the first; None with fewer than two iterations that measured it."""
+    rates = [part[key] / part["n"] for part in parts[1:] if part and part.get("n")]
+    if len(rates) < 2:
+        return None
+    return all(b >= a for a, b in itertools.pairwise(rates)) and rates[-1] > rates[0]
+
+
 def with_drills(root: ModelVersion, rows: list[dict[str, Any]]) -> float:
     """Put the grounding drills (run before the root was registered, so before any iteration) in iteration 0's
     stages and wall time; returns their seconds (0 without drills)."""
@@ -233,7 +245,13 @@ def build_report(root: ModelVersion) -> dict[str, Any]:
             ),
             # what the loop leaves serving: the last promoted model (a worse one is never promoted)
             "kept": {"number": kept["number"], **against(first, kept["heldout"]["overall"])},
+            "sft_share_rising": rising([row["sft_share"] for row in rows], "successes"),
+            "acceptance_rising": rising([row["acceptance"] for row in rows], "accepted"),
         }  # fmt: skip
+    wall_s = round((max(ends) - min(stamps)).total_seconds() + drills_s, 1) if ends else None
+    if goals is not None:
+        limit = TIME_GOAL_S[bool(plan.get("quick"))]
+        goals.update(time_limit_s=limit, within_time=None if wall_s is None else wall_s <= limit)
     return {
         "root": root.name,
         "root_id": root.pk,
@@ -241,7 +259,7 @@ def build_report(root: ModelVersion) -> dict[str, Any]:
         "untrained": rows[0]["heldout_base"] if rows else None,
         "iterations": rows,
         "goals": goals,
-        "wall_s": round((max(ends) - min(stamps)).total_seconds() + drills_s, 1) if ends else None,
+        "wall_s": wall_s,
         "simulated_trajectories": Trajectory.objects.filter(Q(simulated=True), validations__iteration__in=iterations)
         .distinct()
         .count(),

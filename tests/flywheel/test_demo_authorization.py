@@ -118,10 +118,38 @@ def test_the_goals_name_the_model_the_loop_kept_when_the_last_one_was_not_promot
     goals = build_report(root)["goals"]
     assert (goals["ratio"], goals["doubled"]) == (1.0, False)  # the last iteration's own model
     assert goals["kept"] == {"number": 1, "ratio": 3.0, "doubled": True, "intervals_apart": False}
-    assert summary_lines(root)[-2:] == [  # the command's closing lines say both
+    assert summary_lines(root)[-3:] == [  # the command's closing lines say both, then the other goals
         "last vs it 0: x1.00, doubled False, intervals apart False",
         "kept (it 1) vs it 0: x3.00, doubled True, intervals apart False",
+        "SFT share rising False, acceptance rising False, within 60 min None",
     ]
+
+
+def test_the_goals_say_whether_the_sft_share_and_the_acceptance_rose_and_the_run_kept_to_its_time(make_user):
+    from flywheel.demo_report import rising
+
+    root = _demo(((1, 2, True), (2, 0, True), (3, 1, True), (4, 2, True)))
+    goals = build_report(root)["goals"]
+    # iterations 1-3 routed 0, 1 and 2 of 2 to SFT; their proposals were accepted 2, 2 and 2 of 2 times
+    assert (goals["sft_share_rising"], goals["acceptance_rising"]) == (True, False)
+    assert (goals["time_limit_s"], goals["within_time"]) == (3600.0, None)  # no iteration has finished times
+    start = root.created_at
+    for n, iteration in enumerate(Iteration.objects.filter(base_model__isnull=False).order_by("created_at")):
+        began = start + timedelta(minutes=20 * n)
+        Iteration.objects.filter(pk=iteration.pk).update(started_at=began, finished_at=began + timedelta(minutes=15))
+    assert build_report(root)["goals"]["within_time"] is False  # 75 minutes
+    root.notes = 'plan {"seed": 0, "quick": true}'
+    root.save()
+    goals = build_report(root)["goals"]
+    assert (goals["time_limit_s"], goals["within_time"]) == (600.0, False)
+    page = _reader(make_user).get(reverse("flywheel-demo")).content.decode()
+    assert "SFT share rising: yes; acceptance rising: no; within 10 minutes: no." in page
+    # iteration 0 (the bootstrap) is left out; a dip anywhere, a flat line or a single measure is not a rise
+    share = [{"successes": 4, "n": 4}, {"successes": 1, "n": 4}, {"successes": 2, "n": 4}]
+    assert rising(share, "successes") is True
+    assert rising([*share, {"successes": 1, "n": 4}, {"successes": 4, "n": 4}], "successes") is False
+    assert rising([None, {"successes": 1, "n": 4}, {"successes": 0, "n": 0}], "successes") is None
+    assert rising([None, {"accepted": 2, "n": 4}, {"accepted": 1, "n": 2}], "accepted") is False
 
 
 def test_the_report_is_computed_from_the_database(make_user):
