@@ -180,6 +180,11 @@ def test_the_report_is_computed_from_the_database(make_user):
     page = _reader(make_user).get(reverse("flywheel-demo")).content.decode()
     assert "the untrained agent pre-trained on 32000 grounding drills" in page and "untrained + drills" in page
     assert "difficulty levels 1, 2" in page
+    root.notes = 'plan {"seed": 0, "levels": [2]}'  # a plan at one level above the first names it too
+    root.save()
+    assert "difficulty level 2." in _reader(make_user).get(reverse("flywheel-demo")).content.decode()
+    root.notes = 'flywheel demonstration: untrained agent; plan {"seed": 0, "drills": 32000, "levels": [1, 2]}'
+    root.save()
     assert plot_png(build_report(root))[:8] == b"\x89PNG\r\n\x1a\n"
     # The drills ran before any iteration: they are iteration 0's first stage, in its wall time and the total.
     for n, iteration in enumerate(Iteration.objects.filter(base_model__isnull=False).order_by("created_at")):
