@@ -164,6 +164,9 @@ def iteration_row(iteration: Iteration, number: int) -> dict[str, Any]:
         per_stage[name] = {"trajectories": counts.get(name), "seconds": entry.get("seconds"),
                            "status": entry.get("status")}  # fmt: skip
     model = ModelVersion.objects.filter(pk=evaluate.get("model_id")).first()
+    # the demonstrations or the annotation ran before the iteration's row was started: its wall time begins with them
+    before = [by_origin[origin]["times"] for origin in ("demonstrations", "annotation") if origin in by_origin]
+    began = [made for times in before for made, _ in times if made] + [iteration.started_at]
     return {
         "number": number,
         "iteration": iteration.pk,
@@ -179,7 +182,7 @@ def iteration_row(iteration: Iteration, number: int) -> dict[str, Any]:
         "routes_by_origin": {o: e["routes"] for o, e in sorted(by_origin.items())},
         "acceptance": acceptance(annotated) if annotated else None,
         "stages": {s: per_stage[s] for s in STAGE_ORDER if s in per_stage},
-        "wall_s": round((iteration.finished_at - iteration.started_at).total_seconds(), 1)
+        "wall_s": round((iteration.finished_at - min(began)).total_seconds(), 1)
         if iteration.finished_at and iteration.started_at
         else None,
     }
