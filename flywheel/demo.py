@@ -635,6 +635,11 @@ def plan_from_options(options: dict[str, Any]) -> DemoPlan:
         overrides["bootstrap_per_family"] = options["bootstrap"]
     plan = make_plan(quick=options["quick"], seed=options["seed"], families=families,
                      iterations=options.get("iterations"), **overrides)  # fmt: skip
+    temperature = options.get("rft_temperature")
+    if temperature is not None:
+        if not 0 <= temperature <= 2:
+            raise DemoError(f"--rft-temperature must be from 0 to 2, got {temperature:g}")
+        plan = replace(plan, rft={**plan.rft, "temperature": float(temperature)})
     if options.get("levels"):
         try:
             levels = tuple(sorted({int(level) for level in options["levels"].split(",") if level.strip()}))

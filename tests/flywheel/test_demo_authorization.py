@@ -182,7 +182,12 @@ def test_the_report_is_computed_from_the_database(make_user):
     assert "difficulty levels 1, 2" in page
     root.notes = 'plan {"seed": 0, "levels": [2]}'  # a plan at one level above the first names it too
     root.save()
-    assert "difficulty level 2." in _reader(make_user).get(reverse("flywheel-demo")).content.decode()
+    page = _reader(make_user).get(reverse("flywheel-demo")).content.decode()
+    assert "difficulty level 2." in page and "temperature" not in page
+    root.notes = 'plan {"seed": 0, "levels": [2], "rft": {"temperature": 0.5}}'  # a cooler RFT is named
+    root.save()
+    assert "difficulty level 2, RFT sampled at temperature 0.5." in _reader(make_user).get(
+        reverse("flywheel-demo")).content.decode()  # fmt: skip
     root.notes = 'flywheel demonstration: untrained agent; plan {"seed": 0, "drills": 32000, "levels": [1, 2]}'
     root.save()
     assert plot_png(build_report(root))[:8] == b"\x89PNG\r\n\x1a\n"

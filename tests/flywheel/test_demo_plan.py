@@ -98,6 +98,11 @@ def test_the_command_names_what_is_not_running(settings, db):
         call_command("flywheel", "demo", "--levels", "1,3")
     with pytest.raises(CommandError, match="--levels takes comma-separated numbers"):
         call_command("flywheel", "demo", "--levels", "one")
+    cooler = demo.plan_from_options({"quick": False, "seed": 0, "rft_temperature": 0.5})
+    assert cooler.rft["temperature"] == 0.5
+    assert "temperature" not in demo.plan_from_options({"quick": False, "seed": 0}).rft  # rft.py's default: 1
+    with pytest.raises(CommandError, match="--rft-temperature must be from 0 to 2, got 3"):
+        call_command("flywheel", "demo", "--rft-temperature", "3")
 
 
 def test_the_default_agent_waits_for_the_policy_server_and_says_when_it_never_answers(settings, db, tmp_path,

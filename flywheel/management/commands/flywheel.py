@@ -72,6 +72,12 @@ class Command(BaseCommand):
             default="",
             help="comma-separated difficulty levels (default 1); the plan's instances per family are shared among them",
         )
+        demo.add_argument(
+            "--rft-temperature",
+            type=float,
+            default=None,
+            help="sampling temperature of RFT's attempts (0-2; default 1)",
+        )
         demo.add_argument("--base-url", default="", help="the web app the simulated annotators use (default: WEB_PORT)")
         demo.add_argument("--out", default="", help="folder for report.json and report.png (default: var/demo/<run>)")
         demo.add_argument("--wait", type=float, default=0, help="seconds to wait for the stack to come up")
