@@ -117,6 +117,13 @@ def make_plan(*, quick: bool = False, seed: int = 0, families: list[str] | None 
         raise DemoError("iterations must be from 0 to 10")
     preset = agent_preset()
     small = preset == "tiny-cpu"  # the random tiny model: only the mechanics, so keep its runs short
+
+    def per_family(count: int) -> int:
+        # Annotation and RFT take a whole number of instances of every family, so each iteration's mix is the same:
+        # 16 RFT tasks over six families gave two families three and the others two, in an order that rotated, and
+        # the SFT share followed which families RFT drew more than how good the model was.
+        return count * len(chosen)
+
     # Level-1 instances take the oracle 2-4 steps, so episodes stop at 4 or 6. The bootstrap is a few demonstrations
     # per family; each iteration's annotation and RFT then bring tasks the model has not seen. Every iteration
     # retrains the untrained agent with the same number of SFT steps on the whole store (then a short PPO), so what a
@@ -130,7 +137,7 @@ def make_plan(*, quick: bool = False, seed: int = 0, families: list[str] | None 
         seed=seed, families=chosen, iterations=iterations, quick=quick, preset=preset,
         train_per_family=20 if quick else 24, heldout_per_family=4 if quick else 16,
         bootstrap_per_family=4 if quick else 2,
-        annotate_per_iteration=4 if quick else 24, rft_tasks_per_iteration=4 if quick else 16,
+        annotate_per_iteration=per_family(2 if quick else 4), rft_tasks_per_iteration=per_family(2 if quick else 3),
         rft_attempts=1 if quick else 2, max_steps=4 if quick else 6,
         train={"ppo": {"env": "sandbox:max_steps=4", "iterations": 1}} if small else agent_train,
         evaluate={"max_new_tokens": 64} if small else {},
@@ -533,6 +540,13 @@ def rotate(tasks: list[Task], count: int, offset: int) -> list[Task]:
     return [tasks[(offset + n) % len(tasks)] for n in range(min(count, len(tasks)))]
 
 
+def iteration_tasks(plan: DemoPlan, fresh: list[Task], number: int) -> tuple[list[Task], list[Task]]:
+    """Iteration `number`'s (from 1) tasks for the simulated annotators and for RFT: the next ones of `fresh`."""
+    offset = (number - 1) * (plan.annotate_per_iteration + plan.rft_tasks_per_iteration)
+    annotated = rotate(fresh, plan.annotate_per_iteration, offset)
+    return annotated, rotate(fresh, plan.rft_tasks_per_iteration, offset + plan.annotate_per_iteration)
+
+
 def run_demo(plan: DemoPlan, base_url: str, progress: Progress) -> ModelVersion:
     """The whole demonstration; returns the untrained agent, the root the report finds the demonstration by."""
     name = run_name(plan)
@@ -546,12 +560,9 @@ def run_demo(plan: DemoPlan, base_url: str, progress: Progress) -> ModelVersion:
     since = root.created_at
     config = iteration_config(plan, train, heldout, [], since)
     run_flywheel(plan, root, BOOTSTRAP_STAGES, config, 0, progress, since)
-    per_iteration = plan.annotate_per_iteration + plan.rft_tasks_per_iteration
     for number in range(1, plan.iterations + 1):
-        offset = (number - 1) * per_iteration
-        annotated = rotate(fresh, plan.annotate_per_iteration, offset)
+        annotated, sampled = iteration_tasks(plan, fresh, number)
         annotate(plan, base_url, annotated, number, progress)
-        sampled = rotate(fresh, plan.rft_tasks_per_iteration, offset + plan.annotate_per_iteration)
         config = iteration_config(plan, train, heldout, sampled, since, start_from=root)
         run_flywheel(plan, active_model(root), LOOP_STAGES, config, number, progress, since)
     progress("report", plan.iterations, 1, 1)

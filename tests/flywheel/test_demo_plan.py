@@ -75,6 +75,25 @@ def test_the_bootstrap_takes_a_few_tasks_per_family_and_the_iterations_the_rest(
     assert len(everything) == 10 and len(again) == 10  # nothing left over: the iterations go through them again
 
 
+def test_every_iteration_annotates_and_samples_the_same_number_of_instances_of_each_family():
+    from collections import Counter
+    from types import SimpleNamespace
+
+    from flywheel.demo import iteration_tasks, split_training
+
+    for plan in (make_plan(), make_plan(quick=True), make_plan(families=["radio", "search", "dropdown"])):
+        families = len(plan.families)
+        assert (plan.annotate_per_iteration % families, plan.rft_tasks_per_iteration % families) == (0, 0)
+        tasks = [SimpleNamespace(pk=n, metadata={"suite": name}) for name in plan.families
+                 for n in range(plan.train_per_family)]  # fmt: skip
+        fresh = split_training(plan, tasks)[1]
+        for number in range(1, plan.iterations + 1):
+            for chosen in iteration_tasks(plan, fresh, number):
+                counts = Counter(t.metadata["suite"] for t in chosen)
+                assert set(counts) == set(plan.families) and len(set(counts.values())) == 1, (plan.families, counts)
+    assert (make_plan().annotate_per_iteration, make_plan().rft_tasks_per_iteration) == (24, 18)
+
+
 def test_the_command_names_what_is_not_running(settings, db):
     closed = free_port()
     settings.SANDBOX_URL = f"http://127.0.0.1:{closed}"
