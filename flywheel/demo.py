@@ -631,7 +631,9 @@ def summary_lines(root: ModelVersion) -> list[str]:
         for who, g in (("last", goals), (f"kept (it {goals['kept']['number']})", goals["kept"])):
             ratio = "—" if g["ratio"] is None else f"x{g['ratio']:.2f}"
             lines.append(f"{who} vs it 0: {ratio}, doubled {g['doubled']}, intervals apart {g['intervals_apart']}")
-        lines.append(f"SFT share rising {goals['sft_share_rising']}, acceptance rising {goals['acceptance_rising']}, "
+        share, accepted = (f"{goals[k]} (within CI {goals[k + '_within_ci']})"
+                           for k in ("sft_share_rising", "acceptance_rising"))  # fmt: skip
+        lines.append(f"SFT share rising {share}, acceptance rising {accepted}, "
                      f"within {goals['time_limit_s'] / 60:.0f} min {goals['within_time']}")  # fmt: skip
     return lines
 

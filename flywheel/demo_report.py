@@ -201,13 +201,16 @@ def against(first: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
 TIME_GOAL_S = {False: 3600.0, True: 600.0}  # the full plan's hour, the --quick plan's ten minutes (issue 16)
 
 
-def rising(parts: list[dict[str, Any] | None], key: str) -> bool | None:
+def rising(parts: list[dict[str, Any] | None], key: str, within_ci: bool = False) -> bool | None:
     """Whether a rate rose across the loop's iterations (iteration 0, the bootstrap, is left out): each at least
-    the one before and the last above the first; None with fewer than two iterations that measured it."""
-    rates = [part[key] / part["n"] for part in parts[1:] if part and part.get("n")]
-    if len(rates) < 2:
+    the one before and the last above the first; None with fewer than two iterations that measured it.
+    `within_ci` reads "at least" as the success goal does: each one's 95 % interval reaches the rate before it."""
+    measured = [(part[key], part["n"]) for part in parts[1:] if part and part.get("n")]
+    if len(measured) < 2:
         return None
-    return all(b >= a for a, b in itertools.pairwise(rates)) and rates[-1] > rates[0]
+    rates = [k / n for k, n in measured]
+    tops = [wilson_interval(k, n)[1] for k, n in measured] if within_ci else rates
+    return all(top >= before for before, top in zip(rates, tops[1:], strict=False)) and rates[-1] > rates[0]
 
 
 def with_drills(root: ModelVersion, rows: list[dict[str, Any]]) -> float:
@@ -250,6 +253,9 @@ def build_report(root: ModelVersion) -> dict[str, Any]:
             "kept": {"number": kept["number"], **against(first, kept["heldout"]["overall"])},
             "sft_share_rising": rising([row["sft_share"] for row in rows], "successes"),
             "acceptance_rising": rising([row["acceptance"] for row in rows], "accepted"),
+            # the same, noise-aware: a dip inside the later measure's own interval does not count
+            "sft_share_rising_within_ci": rising([row["sft_share"] for row in rows], "successes", within_ci=True),
+            "acceptance_rising_within_ci": rising([row["acceptance"] for row in rows], "accepted", within_ci=True),
         }  # fmt: skip
     wall_s = round((max(ends) - min(stamps)).total_seconds() + drills_s, 1) if ends else None
     if goals is not None:

@@ -121,7 +121,7 @@ def test_the_goals_name_the_model_the_loop_kept_when_the_last_one_was_not_promot
     assert summary_lines(root)[-3:] == [  # the command's closing lines say both, then the other goals
         "last vs it 0: x1.00, doubled False, intervals apart False",
         "kept (it 1) vs it 0: x3.00, doubled True, intervals apart False",
-        "SFT share rising False, acceptance rising False, within 60 min None",
+        "SFT share rising False (within CI False), acceptance rising False (within CI False), within 60 min None",
     ]
 
 
@@ -132,6 +132,7 @@ def test_the_goals_say_whether_the_sft_share_and_the_acceptance_rose_and_the_run
     goals = build_report(root)["goals"]
     # iterations 1-3 routed 0, 1 and 2 of 2 to SFT; their proposals were accepted 2, 2 and 2 of 2 times
     assert (goals["sft_share_rising"], goals["acceptance_rising"]) == (True, False)
+    assert (goals["sft_share_rising_within_ci"], goals["acceptance_rising_within_ci"]) == (True, False)  # flat
     assert (goals["time_limit_s"], goals["within_time"]) == (3600.0, None)  # no iteration has finished times
     start = root.created_at
     for n, iteration in enumerate(Iteration.objects.filter(base_model__isnull=False).order_by("created_at")):
@@ -143,13 +144,22 @@ def test_the_goals_say_whether_the_sft_share_and_the_acceptance_rose_and_the_run
     goals = build_report(root)["goals"]
     assert (goals["time_limit_s"], goals["within_time"]) == (600.0, False)
     page = _reader(make_user).get(reverse("flywheel-demo")).content.decode()
-    assert "SFT share rising: yes; acceptance rising: no; within 10 minutes: no." in page
+    assert (
+        "SFT share rising: yes (within its intervals: yes); acceptance rising: no (within its intervals: no); "
+        "within 10 minutes: no."
+    ) in page
     # iteration 0 (the bootstrap) is left out; a dip anywhere, a flat line or a single measure is not a rise
     share = [{"successes": 4, "n": 4}, {"successes": 1, "n": 4}, {"successes": 2, "n": 4}]
     assert rising(share, "successes") is True
     assert rising([*share, {"successes": 1, "n": 4}, {"successes": 4, "n": 4}], "successes") is False
     assert rising([None, {"successes": 1, "n": 4}, {"successes": 0, "n": 0}], "successes") is None
     assert rising([None, {"accepted": 2, "n": 4}, {"accepted": 1, "n": 2}], "accepted") is False
+    # within the intervals: a dip the later measure's 95 % interval covers is no fall; one beyond it is
+    dip = [None, {"accepted": 1, "n": 4}, {"accepted": 3, "n": 4}, {"accepted": 2, "n": 4}]
+    assert (rising(dip, "accepted"), rising(dip, "accepted", within_ci=True)) == (False, True)
+    fall = [None, {"accepted": 1, "n": 8}, {"accepted": 8, "n": 8}, {"accepted": 3, "n": 8}]
+    assert rising(fall, "accepted", within_ci=True) is False
+    assert rising([None, {"accepted": 2, "n": 4}, {"accepted": 2, "n": 4}], "accepted", within_ci=True) is False
 
 
 def test_the_report_is_computed_from_the_database(make_user):
