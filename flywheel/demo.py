@@ -121,7 +121,8 @@ def make_plan(*, quick: bool = False, seed: int = 0, families: list[str] | None 
     def per_family(count: int) -> int:
         # Annotation and RFT take a whole number of instances of every family, so each iteration's mix is the same:
         # 16 RFT tasks over six families gave two families three and the others two, in an order that rotated, and
-        # the SFT share followed which families RFT drew more than how good the model was.
+        # the SFT share followed which families RFT drew more than how good the model was. `--quick` keeps 4 and 4
+        # (2 of each of its two families; scripts/run's default agent, one iteration over six, stays as fast).
         return count * len(chosen)
 
     # Level-1 instances take the oracle 2-4 steps, so episodes stop at 4 or 6. The bootstrap is a few demonstrations
@@ -137,7 +138,7 @@ def make_plan(*, quick: bool = False, seed: int = 0, families: list[str] | None 
         seed=seed, families=chosen, iterations=iterations, quick=quick, preset=preset,
         train_per_family=20 if quick else 24, heldout_per_family=4 if quick else 16,
         bootstrap_per_family=4 if quick else 2,
-        annotate_per_iteration=per_family(2 if quick else 4), rft_tasks_per_iteration=per_family(2 if quick else 3),
+        annotate_per_iteration=4 if quick else per_family(4), rft_tasks_per_iteration=4 if quick else per_family(3),
         rft_attempts=1 if quick else 2, max_steps=4 if quick else 6,
         train={"ppo": {"env": "sandbox:max_steps=4", "iterations": 1}} if small else agent_train,
         evaluate={"max_new_tokens": 64} if small else {},
