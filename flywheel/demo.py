@@ -40,6 +40,7 @@ from .demo_families import DEFAULT_AGENT_FAMILIES, FULL_FAMILIES, QUICK_FAMILIES
 from .iterations import cancel_iteration, start_iteration
 from .models import Iteration, ModelVersion, Stage
 from .progress import IterationError
+from .rft import check_rft_config
 from .rft_attempt import CapacityGate, RecordingClient, RolloutEnv, StepRecorder, task_spec
 from .training_stages import PRESETS, runs_root
 
@@ -651,9 +652,11 @@ def plan_from_options(options: dict[str, Any]) -> DemoPlan:
                      iterations=options.get("iterations"), **overrides)  # fmt: skip
     temperature = options.get("rft_temperature")
     if temperature is not None:
-        if not 0 <= temperature <= 2:
-            raise DemoError(f"--rft-temperature must be from 0 to 2, got {temperature:g}")
-        plan = replace(plan, rft={**plan.rft, "temperature": float(temperature)})
+        plan = replace(plan, rft={**plan.rft, "temperature": temperature})
+        try:  # RFT's own check, now rather than when iteration 1's RFT stage starts, half an hour in
+            check_rft_config(plan.rft)
+        except ValueError as exc:
+            raise DemoError(f"--rft-temperature {temperature:g}: {exc}") from None
     if options.get("levels"):
         try:
             levels = tuple(sorted({int(level) for level in options["levels"].split(",") if level.strip()}))

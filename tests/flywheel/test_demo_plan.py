@@ -120,7 +120,9 @@ def test_the_command_names_what_is_not_running(settings, db):
     cooler = demo.plan_from_options({"quick": False, "seed": 0, "rft_temperature": 0.5})
     assert cooler.rft["temperature"] == 0.5
     assert "temperature" not in demo.plan_from_options({"quick": False, "seed": 0}).rft  # rft.py's default: 1
-    with pytest.raises(CommandError, match="--rft-temperature must be from 0 to 2, got 3"):
+    with pytest.raises(
+        CommandError, match=r"--rft-temperature 3: rft.temperature must be a number from 0 to 2, got 3\.0"
+    ):
         call_command("flywheel", "demo", "--rft-temperature", "3")
 
 
