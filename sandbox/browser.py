@@ -19,6 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from PIL import Image
 from playwright.sync_api import Error as PlaywrightError
@@ -136,6 +137,8 @@ class BrowserSession:
             viewport={"width": self.width, "height": self.height}, accept_downloads=True,
             downloads_path=str(incoming),
         )  # fmt: skip
+        self._origins: set[str] = set()  # web origins reached (every request's), whose storage `reset` clears
+        self.context.on("request", lambda request: self._note_origin(request.url))
         self.context.on("page", lambda page: page.on("download", self._save_download))
         self.page = self.context.pages[0] if self.context.pages else self.context.new_page()
         for page in self.context.pages:
@@ -184,6 +187,38 @@ class BrowserSession:
                 self.page.goto(url)
 
         self._call(run)
+
+    def reset(self) -> None:
+        """Back to what a new session shows, without starting another Chromium (about 1 CPU-second saved per
+        episode): one blank page (every other page and popup closed), and cookies, granted permissions, the HTTP
+        cache and the storage of every origin the session reached cleared. The profile's history stays."""
+
+        def run() -> None:
+            fresh = self.context.new_page()
+            for page in self.context.pages:
+                if page is not fresh:
+                    page.close()
+            self.page = fresh
+            self.context.clear_cookies()
+            self.context.clear_permissions()
+            cdp = self.context.new_cdp_session(fresh)
+            try:
+                cdp.send("Network.clearBrowserCache")
+                for origin in sorted(self._origins):
+                    cdp.send("Storage.clearDataForOrigin", {"origin": origin, "storageTypes": "all"})
+            finally:
+                cdp.detach()
+            self._origins.clear()
+
+        self._call(run)
+
+    def _note_origin(self, url: str) -> None:
+        """Remember a web origin the session reached, so that `reset` clears its storage."""
+        parts = urlsplit(url)
+        if parts.scheme in ("http", "https") and parts.netloc:
+            self._origins.add(f"{parts.scheme}://{parts.netloc}")
+        elif parts.scheme == "file":  # Chromium gives every local file one origin, with its own storage
+            self._origins.add("file://")
 
     @property
     def url(self) -> str:

@@ -113,6 +113,10 @@ class SandboxClient:
     def renew(self, session_id: str, ttl_s: float | None = None) -> dict[str, Any]:
         return self._call("POST", f"/sessions/{session_id}/renew", json={"owner": self.owner, "ttl_s": ttl_s}).json()
 
+    def reset(self, session_id: str, ttl_s: float | None = None) -> dict[str, Any]:
+        """A browser session made fresh for another task (blank page, site data cleared) and its lease renewed."""
+        return self._call("POST", f"/sessions/{session_id}/reset", json={"owner": self.owner, "ttl_s": ttl_s}).json()
+
     def release(self, session_id: str) -> None:
         self._call("DELETE", f"/sessions/{session_id}", params={"owner": self.owner})
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from .browser import BrowserSession
 from .coordinates import ScreenMapping
-from .desktop import SERVICE_AUTHORITY, Desktop, DesktopError
+from .desktop import SERVICE_AUTHORITY, Desktop, DesktopError, UnsupportedAction
 from .isolation import SessionUser, create_session_user, delete_session_user, session_cgroup, session_users_under
 from .isolation import remove_cgroup as remove_cgroup_dir
 from .leases import LeaseError, LeaseNotFound, LeaseStore, NotLeaseOwner
@@ -184,6 +184,21 @@ class SessionManager:
     def renew(self, session_id: str, owner: str, ttl_s: float | None = None) -> None:
         self.get(session_id, owner)
         self.leases.renew(session_id, owner, ttl_s)
+
+    def reset(self, session_id: str, owner: str, ttl_s: float | None = None) -> Session:
+        """Give the owner's browser session a fresh start for its next task (`BrowserSession.reset`) and renew its
+        lease: what a caller playing episode after episode does instead of releasing and allocating again."""
+        session = self.get(session_id, owner)
+        if session.browser is None:
+            raise UnsupportedAction("only a browser session can be reset; release a desktop and allocate another")
+        self.leases.renew(session_id, owner, ttl_s)
+        with self.driving(session):
+            try:
+                session.browser.reset()
+            except Exception as exc:  # a browser that cannot reset is not fit for another task
+                self._reclaim(session_id, "its browser failed to reset")
+                raise SessionLost(f"session {session_id} is lost: its browser failed to reset ({exc})") from exc
+        return session
 
     def release(self, session_id: str, owner: str) -> None:
         self.get(session_id, owner)

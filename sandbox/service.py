@@ -240,6 +240,12 @@ def create_app(manager: SessionManager, api_key: str, *, reclaim_every_s: float 
         manager.renew(session_id, body.owner, body.ttl_s)
         return info(manager.get(session_id, body.owner))
 
+    @app.post("/sessions/{session_id}/reset", dependencies=auth)
+    def reset(session_id: str, body: RenewRequest) -> SessionInfo:
+        """A browser session back to a blank page, cookies and site storage cleared, its lease renewed: the next
+        task's setup runs on it as on a new session, without starting another Chromium."""
+        return info(manager.reset(session_id, body.owner, body.ttl_s))
+
     @app.delete("/sessions/{session_id}", dependencies=auth, status_code=204)
     def release(session_id: str, owner: str = Query()) -> Response:
         manager.get(session_id, owner)

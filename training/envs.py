@@ -180,6 +180,7 @@ class SandboxEnv:
         self._scale: tuple[float, float] | None = None  # screen → model frame, for a browser session's outline
         self.system = COMPUTER_USE.format(language="English", instruction=task["instruction"])
         self.session: str | None = None
+        self._kind = ""  # the held session's kind: "browser" or "desktop"
         self._steps = 0
         self._prefix = ""
 
@@ -202,7 +203,8 @@ class SandboxEnv:
     def _lease(self) -> str:
         """Allocate the session the task wants (a browser for browser tasks) and note its frame for the outline."""
         browser = self.task.get("platform") == "browser"
-        info = self.client.allocate(ttl_s=self.ttl_s, kind="browser" if browser else "desktop")
+        self._kind = "browser" if browser else "desktop"
+        info = self.client.allocate(ttl_s=self.ttl_s, kind=self._kind)
         self._scale = None
         if browser and self.outline and hasattr(self.client, "outline") and "model_width" in info:
             self._scale = (info["model_width"] / info["screen_width"], info["model_height"] / info["screen_height"])
@@ -269,29 +271,34 @@ class SandboxEnv:
 
 
 class SandboxTaskEnv(SandboxEnv):
-    """`SandboxEnv` over a list of tasks: seed n plays task n mod len(tasks). Each episode's session is released as
-    soon as the episode ends, and `close()` from another thread (a trainer stopping, Ctrl-C) releases the session in
-    use and refuses any later `reset`, so no lease outlives the run. Owns its sandbox client."""
+    """`SandboxEnv` over a list of tasks: seed n plays task n mod len(tasks). A desktop session is released as soon
+    as its episode ends; a browser session is kept, with `reuse` (the default), and reset for the next browser task
+    (`SandboxClient.reset`: a blank page, site data cleared), which saves starting a Chromium per episode. `close()`,
+    from any thread (a trainer stopping, Ctrl-C), releases the session held and refuses any later `reset`, so no
+    lease outlives the run. Owns its sandbox client."""
 
     def __init__(self, client: Any, tasks: list[dict[str, Any]], image_dir: Path, *, capacity_wait_s: float = 300,
-                 **options: Any):  # fmt: skip
+                 reuse: bool = True, **options: Any):  # fmt: skip
         if not tasks:
             raise ValueError("no sandbox tasks to play")
         super().__init__(client, tasks[0], image_dir, **options)
         self.capacity_wait_s = capacity_wait_s
+        self.reuse = reuse
         self.tasks = tasks
         self.meta: dict[str, Any] = {}
+        self.leased = 0  # sessions allocated so far (the rest of the episodes reused one)
         self._lock = threading.Lock()
         self._closed = False
 
     def reset(self, seed: int) -> list[dict[str, Any]]:
         from training.policy.prompts import COMPUTER_USE
 
-        self.release()
         self.task = self.tasks[seed % len(self.tasks)]
         self.system = COMPUTER_USE.format(language="English", instruction=self.task["instruction"])
         self.meta = {"task_id": self.task["id"], "base_dir": str(self.image_dir.parent)}
-        self._allocate()
+        if not self._reused():
+            self.release()
+            self._allocate()
         self.client.setup(self.session, self.task.get("config", []))
         self._steps = 0
         self._prefix = f"{_file_safe(self.task['id'])}-{seed}"
@@ -307,6 +314,7 @@ class SandboxTaskEnv(SandboxEnv):
                     raise RuntimeError("the sandbox environment is closed")
                 try:
                     self.session = self._lease()
+                    self.leased += 1
                     return
                 except NoCapacityError:
                     if time.monotonic() >= deadline:
@@ -317,9 +325,24 @@ class SandboxTaskEnv(SandboxEnv):
         if self.session is None:
             raise RuntimeError("the sandbox session was released (the environment is closing)")
         feedback = super().step(reply)
-        if feedback.done:
+        if feedback.done and not self._keeps_session():
             self.release()
         return feedback
+
+    def _keeps_session(self) -> bool:
+        return self.reuse and self._kind == "browser"
+
+    def _reused(self) -> bool:
+        """Whether the session held was made fresh for `self.task` (a browser task on a browser session kept from
+        the last episode); False leaves the caller to allocate one. A session that cannot be reset is let go."""
+        if self.session is None or not self._keeps_session() or self.task.get("platform") != "browser":
+            return False
+        try:
+            self.client.reset(self.session, self.ttl_s)
+        except SandboxError:  # lost or expired meanwhile: a new one will do
+            self.release()
+            return False
+        return True
 
     def release(self) -> None:
         """Give the current session back, if any (idempotent, thread-safe)."""
@@ -411,7 +434,8 @@ def sandbox_api_key(key: str = "") -> str:
 def make_sandbox_env(spec: str, settings: SandboxSettings) -> SandboxTaskEnv:
     """A sandbox environment from a spec such as "sandbox" or "sandbox:max_steps=8,format_penalty=-0.1" (options:
     max_steps, format_penalty, ttl_s of a session's lease, capacity_wait_s for a free session, outline=0|1 for the
-    page outline in browser tasks' observations)."""
+    page outline in browser tasks' observations, reuse=0|1 for keeping a browser session from one episode to the
+    next)."""
     kwargs = sandbox_options(spec)
     client = SandboxClient(settings.url, settings.api_key, owner=settings.owner)
     return SandboxTaskEnv(client, settings.tasks, settings.image_dir, **kwargs)
@@ -422,7 +446,8 @@ def sandbox_options(spec: str) -> dict[str, Any]:
     name, _, options = spec.partition(":")
     if name != "sandbox":
         raise ValueError(f"not a sandbox environment spec: {spec!r}")
-    known = {"max_steps": int, "format_penalty": float, "ttl_s": float, "capacity_wait_s": float, "outline": boolean}
+    known = {"max_steps": int, "format_penalty": float, "ttl_s": float, "capacity_wait_s": float, "outline": boolean,
+             "reuse": boolean}  # fmt: skip
     return _options(options, known)
 
 

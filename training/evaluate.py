@@ -106,42 +106,47 @@ def summarise(episodes: list[Episode], *, model: str, env: str, errors: list[dic
 
 def play(env_factory: Callable[[], Env], ask: Callable[[list[dict[str, Any]]], tuple[Reply, int]], seeds: list[int],
          *, max_turns: int, concurrency: int) -> tuple[list[Episode], list[dict[str, Any]]]:  # fmt: skip
-    """One episode per seed, `concurrency` at a time, each in its own environment (closed whatever happens): the
-    episodes in seed order and, for those that could not be played (a sandbox failure), what went wrong."""
+    """One episode per seed, `concurrency` at a time: the episodes in seed order and, for those that could not be
+    played (a sandbox failure), what went wrong. An environment plays episode after episode (a sandbox environment
+    keeps its browser session for the next task); one whose episode failed is closed and replaced, and every one is
+    closed at the end, whatever happens."""
     done: dict[int, Episode] = {}
     errors: list[dict[str, Any]] = []
     lock = threading.Lock()
-    live: set[Any] = set()
+    envs: list[Any] = []  # every environment made, closed at the end
+    idle: list[Any] = []  # those free for the next episode
     stop = threading.Event()
 
     def one(seed: int) -> None:
         if stop.is_set():
             return
-        env = env_factory()
         with lock:
-            live.add(env)
+            env = idle.pop() if idle else None
+        if env is None:
+            env = env_factory()
+            with lock:
+                envs.append(env)
         try:
             episode = run_episode(env, ask, seed, max_turns)
-            with lock:
-                done[seed] = episode
         except Exception as exc:  # one broken episode is reported, not fatal to the evaluation
             with lock:
                 errors.append({"seed": seed, "task_id": getattr(env, "meta", {}).get("task_id"), "error": str(exc)})
-        finally:
-            env.close()
-            with lock:
-                live.discard(env)
+            env.close()  # what it holds may be broken: a later episode starts a new one
+            return
+        with lock:
+            done[seed] = episode
+            idle.append(env)
 
     pool = ThreadPoolExecutor(max_workers=max(1, concurrency))
     try:
         list(pool.map(one, seeds))
     except BaseException:  # Ctrl-C, SIGTERM: no new episode, and every open environment closed (sessions released)
         stop.set()
-        with lock:
-            for env in list(live):
-                env.close()
         raise
     finally:
+        with lock:
+            for env in envs:
+                env.close()
         pool.shutdown(wait=True, cancel_futures=True)
     return [done[s] for s in seeds if s in done], sorted(errors, key=lambda e: e["seed"])
 

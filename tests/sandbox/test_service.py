@@ -142,6 +142,40 @@ def test_browser_sessions_navigate_verify_and_evaluate(client):
         client.release(sid)
 
 
+def test_a_browser_session_resets_for_the_next_task_as_a_new_one_would_start(service, client):
+    """reset: a blank page, the last task's page state and site storage gone, the lease renewed; only the owner may
+    reset, and only a browser session."""
+    sid = client.allocate(ttl_s=30, kind="browser")["session_id"]
+    desktop = None
+    try:
+        page = b"<html><body style='margin:0'><button style='width:300px;height:100px' "
+        page += b"onclick=\"localStorage.setItem('x','1');window.score=1\">+1</button></body></html>"
+        client.write_file(sid, "page.html", page)
+        url = f"file://{client.shell(sid, 'pwd')['stdout'].strip()}/page.html"
+        open_page = [{"type": "chrome_open_tabs", "parameters": {"urls_to_open": [url]}}]
+        client.setup(sid, open_page)
+        fresh = client.observe(sid, fmt="png")
+        client.step(sid, "click(start_box='(50,30)')", coordinates="screen")
+        assert client.verify(sid, "[localStorage.getItem('x'), window.score]") == ["1", 1]
+
+        info = client.reset(sid, ttl_s=120)
+        assert info["session_id"] == sid and info["kind"] == "browser"
+        assert client.verify(sid, "location.href") == "about:blank"
+        client.setup(sid, open_page)
+        assert client.verify(sid, "[localStorage.getItem('x'), window.score ?? null]") == [None, None]
+        assert client.observe(sid, fmt="png") == fresh  # the same task looks as it did on the new session
+
+        with pytest.raises(SandboxError, match="not_owner"):
+            SandboxClient(service, API_KEY, owner="someone-else").reset(sid)
+        desktop = client.allocate(ttl_s=30)["session_id"]
+        with pytest.raises(ActionError, match="only a browser session can be reset"):
+            client.reset(desktop)
+    finally:
+        client.release(sid)
+        if desktop:
+            client.release(desktop)
+
+
 def test_think_aloud_capture_records_the_desktop_and_hands_back_the_archive(client):
     import json
     import tarfile
@@ -264,3 +298,54 @@ def test_the_sandbox_environment_ends_on_fail_call_user_and_finished_and_records
     assert play(flag, "Thought: Give up.\nAction: wait()\n\nfail()")[0] == [0.0]
     rewards, info = play(broken, "Thought: Done.\nAction: finished()")
     assert rewards == [0.0] and "unknown getter type 'vm_screen'" in info["evaluator_error"]
+
+
+def test_the_task_environment_keeps_its_browser_session_for_the_next_browser_task(service, client, tmp_path):
+    """SandboxTaskEnv with reuse (the default): browser episodes share one session, reset in between, and each
+    starts on the screen a fresh session shows; a desktop task gets a desktop, and close() gives every session back.
+    With reuse=0 every episode leases its own. evaluate.play keeps an environment per worker across episodes."""
+    from sandbox.suite import suite_tasks
+    from training.envs import SandboxSettings, SandboxTaskEnv, make_sandbox_env
+    from training.evaluate import play
+    from training.rollout import Reply, run_episode
+
+    browser = suite_tasks(["click-button"], train=0, heldout=2, levels=[1])
+    desktop = {"id": "d", "instruction": "Nothing.", "config": [], "evaluator": {"func": "infeasible"}}
+    tasks = [browser[0], browser[1], desktop, browser[0]]
+    done = "Thought: The task is done.\nAction: finished(content='')"
+
+    def first_screens(env: SandboxTaskEnv, seeds: list[int]) -> list[bytes]:
+        screens = []
+        try:
+            for seed in seeds:
+                episode = run_episode(env, lambda messages: (Reply(done), 0), seed)
+                screens.append((tmp_path / episode.messages[1]["content"][0]["image"]).read_bytes())
+        finally:
+            env.close()
+        return screens
+
+    def own_client() -> SandboxClient:  # an environment closes its client with itself
+        return SandboxClient(service, API_KEY, owner=client.owner)
+
+    reused = SandboxTaskEnv(own_client(), tasks, tmp_path / "kept")
+    kept = first_screens(reused, [0, 1, 2, 3])
+    assert reused.leased == 3  # one browser for tasks 0 and 1, the desktop, then a browser again
+    single = SandboxTaskEnv(own_client(), tasks, tmp_path / "single", reuse=False)
+    fresh = first_screens(single, [0, 1, 2, 3])
+    assert single.leased == 4
+    assert kept[:2] == fresh[:2] and kept[3] == fresh[3]  # the reset session shows what a new one shows
+    sessions = [client.allocate(ttl_s=30, kind="browser")["session_id"] for _ in range(2)]  # nothing still held
+    for sid in sessions:
+        client.release(sid)
+
+    made: list[SandboxTaskEnv] = []
+
+    settings = SandboxSettings(browser, service, API_KEY, tmp_path / "play", owner=client.owner)
+
+    def factory() -> SandboxTaskEnv:
+        made.append(make_sandbox_env("sandbox:max_steps=2", settings))
+        return made[-1]
+
+    episodes, errors = play(factory, lambda messages: (Reply(done), 0), [0, 1, 2], max_turns=2, concurrency=1)
+    assert len(episodes) == 3 and not errors
+    assert len(made) == 1 and made[0].leased == 1
