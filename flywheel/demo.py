@@ -91,6 +91,7 @@ class DemoPlan:
         return [f"suite-{name}" for name in self.families]
 
 
+MAX_PER_FAMILY = 20  # instances of a family annotated (or sampled by RFT) in one iteration, at most
 MIN_DRILLS, MAX_DRILLS = 32, 200_000  # one batch of drills; about 40 minutes of them on 2 cores
 # The full plan's agent is pre-trained on grounding drills (about 7 minutes): without them it picks among a page's
 # elements at chance whatever the flywheel brings (docs/agent.md, "Does it ground?"); `--quick` stays without.
@@ -663,7 +664,27 @@ def plan_from_options(options: dict[str, Any]) -> DemoPlan:
         except ValueError:
             raise DemoError(f"--levels takes comma-separated numbers such as 1,2; got {options['levels']!r}") from None
         plan = with_levels(plan, levels)
-    return plan
+    return with_iteration_sizes(plan, options.get("annotate"), options.get("rft_tasks"))
+
+
+def with_iteration_sizes(plan: DemoPlan, annotate: int | None, rft_tasks: int | None) -> DemoPlan:
+    """`plan` with `annotate` instances of each family done live and `rft_tasks` sampled by RFT every iteration
+    (None: the plan's own), and enough training instances that no iteration repeats one. The first instances stay
+    the plan's, so the bootstrap and iteration 0 are the same as without these options."""
+    sizes = {}
+    for option, value, field_ in (("--annotate", annotate, "annotate_per_iteration"),
+                                  ("--rft-tasks", rft_tasks, "rft_tasks_per_iteration")):  # fmt: skip
+        if value is None:
+            continue
+        if not 0 <= value <= MAX_PER_FAMILY:
+            raise DemoError(f"{option} takes 0 to {MAX_PER_FAMILY} instances per family, got {value}")
+        sizes[field_] = value * len(plan.families)
+    if not sizes:
+        return plan
+    plan = replace(plan, **sizes)
+    per_family = -(-(plan.annotate_per_iteration + plan.rft_tasks_per_iteration) // len(plan.families))
+    needed = (plan.bootstrap_per_family or 0) + plan.iterations * per_family  # of each family, all levels together
+    return replace(plan, train_per_family=max(plan.train_per_family, -(-needed // len(plan.levels))))
 
 
 def with_levels(plan: DemoPlan, levels: tuple[int, ...]) -> DemoPlan:

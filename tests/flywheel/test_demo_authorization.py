@@ -198,6 +198,10 @@ def test_the_report_is_computed_from_the_database(make_user):
     root.save()
     assert "difficulty level 2, RFT sampled at temperature 0.5." in _reader(make_user).get(
         reverse("flywheel-demo")).content.decode()  # fmt: skip
+    root.notes = 'plan {"seed": 0, "levels": [2], "annotate_per_iteration": 48, "rft_tasks_per_iteration": 30}'
+    root.save()
+    assert "level 2, 48 training instances annotated live and 30 sampled by RFT each iteration." in _reader(
+        make_user).get(reverse("flywheel-demo")).content.decode()  # fmt: skip
     root.notes = 'flywheel demonstration: untrained agent; plan {"seed": 0, "drills": 32000, "levels": [1, 2]}'
     root.save()
     assert plot_png(build_report(root))[:8] == b"\x89PNG\r\n\x1a\n"

@@ -94,6 +94,34 @@ def test_every_iteration_annotates_and_samples_the_same_number_of_instances_of_e
     assert (make_plan().annotate_per_iteration, make_plan().rft_tasks_per_iteration) == (24, 18)
 
 
+def test_bigger_iterations_take_more_instances_of_each_family_and_never_repeat_one():
+    """--annotate and --rft-tasks: per family and iteration; the plan grows its training instances so that no
+    iteration takes one again, and keeps its first ones (the bootstrap and iteration 0 do not change)."""
+    from types import SimpleNamespace
+
+    from flywheel.demo import iteration_tasks, split_training
+
+    base = {"quick": False, "seed": 1, "levels": "2"}
+    usual = demo.plan_from_options(base)
+    bigger = demo.plan_from_options({**base, "annotate": 8, "rft_tasks": 5})
+    assert (bigger.annotate_per_iteration, bigger.rft_tasks_per_iteration) == (48, 30)
+    assert bigger.train_per_family == 2 + 3 * (8 + 5) and usual.train_per_family == 24
+    assert (bigger.bootstrap_per_family, bigger.heldout_per_family, bigger.levels) == (2, 16, (2,))
+    tasks = [SimpleNamespace(pk=(name, n), metadata={"suite": name}) for name in bigger.families
+             for n in range(bigger.train_per_family)]  # fmt: skip
+    bootstrap, fresh = split_training(bigger, tasks)
+    assert bootstrap == split_training(usual, [t for t in tasks if t.pk[1] < usual.train_per_family])[0]
+    taken = [t.pk for number in (1, 2, 3) for chosen in iteration_tasks(bigger, fresh, number) for t in chosen]
+    assert len(taken) == 3 * (48 + 30) == len(set(taken))  # every instance once
+    mixed = demo.plan_from_options({**base, "levels": "1,2", "annotate": 8, "rft_tasks": 5})
+    assert mixed.train_per_family == 21  # per level: 42 of each family over the two levels
+    assert demo.plan_from_options({**base, "annotate": 2}).train_per_family == 24  # never fewer than the plan's
+    with pytest.raises(CommandError, match="--annotate takes 0 to 20 instances per family, got 21"):
+        call_command("flywheel", "demo", "--annotate", "21")
+    with pytest.raises(CommandError, match="--rft-tasks takes 0 to 20 instances per family, got -1"):
+        call_command("flywheel", "demo", "--rft-tasks", "-1")
+
+
 def test_the_command_names_what_is_not_running(settings, db):
     closed = free_port()
     settings.SANDBOX_URL = f"http://127.0.0.1:{closed}"

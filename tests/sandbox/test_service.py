@@ -167,6 +167,8 @@ def test_a_browser_session_resets_for_the_next_task_as_a_new_one_would_start(ser
 
         with pytest.raises(SandboxError, match="not_owner"):
             SandboxClient(service, API_KEY, owner="someone-else").reset(sid)
+        with pytest.raises(SandboxError, match="unauthorized"):
+            SandboxClient(service, "not-the-key", owner=client.owner).reset(sid)
         desktop = client.allocate(ttl_s=30)["session_id"]
         with pytest.raises(ActionError, match="only a browser session can be reset"):
             client.reset(desktop)

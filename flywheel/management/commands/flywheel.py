@@ -78,6 +78,18 @@ class Command(BaseCommand):
             default=None,
             help="sampling temperature of RFT's attempts (0-2; default 1)",
         )
+        demo.add_argument(
+            "--annotate",
+            type=int,
+            default=None,
+            help="instances of each family the simulated annotators do live every iteration (default 4)",
+        )
+        demo.add_argument(
+            "--rft-tasks",
+            type=int,
+            default=None,
+            help="instances of each family RFT samples every iteration (default 3)",
+        )
         demo.add_argument("--base-url", default="", help="the web app the simulated annotators use (default: WEB_PORT)")
         demo.add_argument("--out", default="", help="folder for report.json and report.png (default: var/demo/<run>)")
         demo.add_argument("--wait", type=float, default=0, help="seconds to wait for the stack to come up")
