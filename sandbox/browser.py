@@ -189,7 +189,7 @@ class BrowserSession:
         self._call(run)
 
     def reset(self) -> None:
-        """Back to what a new session shows, without starting another Chromium (about 1 CPU-second saved per
+        """Back to what a new session shows, without starting another Chromium (about 2 CPU-seconds saved per
         episode): one blank page (every other page and popup closed), and cookies, granted permissions, the HTTP
         cache and the storage of every origin the session reached cleared. The profile's history stays."""
 
