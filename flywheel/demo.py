@@ -37,6 +37,7 @@ from training.rollout import Reply, run_episode
 
 from . import registry
 from .demo_families import DEFAULT_AGENT_FAMILIES, FULL_FAMILIES, QUICK_FAMILIES
+from .demo_progress import TerminalProgress
 from .iterations import cancel_iteration, start_iteration
 from .models import Iteration, ModelVersion, Stage
 from .progress import IterationError
@@ -575,33 +576,6 @@ def run_demo(plan: DemoPlan, base_url: str, progress: Progress) -> ModelVersion:
 # --- the command ---------------------------------------------------------------------------------------------------
 
 
-class TerminalProgress:
-    """The progress display: one tqdm bar over the plan's stages (bootstrap, then each iteration's), its description
-    the iteration, the stage and that stage's own done/total; tqdm's ETA is the stages left at the mean pace so far."""
-
-    def __init__(self, plan: DemoPlan, stream: Any) -> None:
-        from tqdm import tqdm
-
-        units = (["0:drills"] if plan.drills else []) + ["0:demonstrations"] + [f"0:{s}" for s in BOOTSTRAP_STAGES]
-        for number in range(1, plan.iterations + 1):
-            units += [f"{number}:annotation"] + [f"{number}:{s}" for s in LOOP_STAGES]
-        self.index = {unit: n for n, unit in enumerate(units)}
-        self.bar = tqdm(total=len(units), file=stream, unit="stage", dynamic_ncols=True, mininterval=0.5)
-
-    def __call__(self, stage: str, iteration: int, done: int | None, total: int | None) -> None:
-        position = self.index.get(f"{iteration}:{stage}")
-        if position is not None and position > self.bar.n:
-            self.bar.update(position - self.bar.n)
-        if stage == "report":
-            self.bar.update(self.bar.total - self.bar.n)
-        count = f" {done}/{total}" if total else ""
-        self.bar.set_description(f"iteration {iteration} · {stage}{count}", refresh=False)
-        self.bar.refresh()
-
-    def close(self) -> None:
-        self.bar.close()
-
-
 def write_results(root: ModelVersion, out: Path) -> tuple[Path, Path]:
     """report.json and report.png of the demonstration, computed from the database (flywheel.demo_report)."""
     import json
@@ -711,7 +685,7 @@ def run_demo_command(stdout: Any, options: dict[str, Any]) -> ModelVersion:
         needs = "the demonstration needs the stack up (scripts/demo-flywheel starts it)"
         raise DemoError(f"{needs}: {'; '.join(problems)}")
     stdout.write(f"flywheel demonstration: {json_plan(plan)}")
-    bar = TerminalProgress(plan, stdout._out if hasattr(stdout, "_out") else stdout)
+    bar = TerminalProgress(plan, stdout._out if hasattr(stdout, "_out") else stdout, BOOTSTRAP_STAGES, LOOP_STAGES)
     started = time.monotonic()
     try:
         root = run_demo(plan, base_url, bar)

@@ -236,3 +236,43 @@ def test_the_command_says_it_was_stopped_and_exits_130_on_sigterm(db, monkeypatc
     with pytest.raises(CommandError, match="stopped") as caught:
         call_command("flywheel", "demo", "--quick")
     assert caught.value.returncode == 130
+
+
+def test_the_progress_bar_measures_work_not_stages_so_its_eta_holds_from_the_first_stage():
+    """The bar's length is the plan's expected seconds per stage: the grounding drills, one stage of 27, are about a
+    tenth of the run (an ETA over stages read 2.5 hours after them for a 47-minute run); a stage's share grows with
+    its own done/total, the bar never goes back, and the report fills it."""
+    import io
+
+    from flywheel.demo import BOOTSTRAP_STAGES, LOOP_STAGES
+    from flywheel.demo_progress import TerminalProgress, stage_costs
+
+    plan = demo.plan_from_options({"quick": False, "seed": 0, "levels": "2", "annotate": 8, "rft_tasks": 5})
+    costs = stage_costs(plan, [str(s) for s in BOOTSTRAP_STAGES], [str(s) for s in LOOP_STAGES])
+    assert len(costs) == 27 and list(costs)[:3] == ["0:drills", "0:demonstrations", "0:validate"]
+    total = sum(costs.values())
+    # measured on the reference machine (seed 1, these sizes): drills 309 of 2826 s, iteration 0 925 s
+    assert 0.06 < costs["0:drills"] / total < 0.2
+    assert 0.2 < sum(c for unit, c in costs.items() if unit.startswith("0:")) / total < 0.45
+    assert costs["1:sft"] > 100 * costs["1:validate"] and costs["0:evaluate"] == 2 * costs["1:evaluate"]
+    quick = demo.plan_from_options({"quick": True, "seed": 0})
+    assert (
+        "0:drills" not in stage_costs(quick, ["sft"], ["rft"])
+        and sum(stage_costs(quick, ["sft"], ["rft"]).values()) < total / 5
+    )
+
+    out = io.StringIO()
+    bar = TerminalProgress(plan, out, BOOTSTRAP_STAGES, LOOP_STAGES)
+    bar("drills", 0, 16000, 32000)
+    assert bar.bar.n == pytest.approx(costs["0:drills"] / 2, abs=0.2)
+    bar("demonstrations", 0, 0, 12)
+    assert bar.bar.n == pytest.approx(costs["0:drills"], abs=0.2)
+    bar("drills", 0, 100, 32000)  # a late report never moves it back
+    assert bar.bar.n == pytest.approx(costs["0:drills"], abs=0.2)
+    bar("evaluate", 1, 48, 96)
+    assert bar.bar.n == pytest.approx(bar.starts["1:evaluate"] + costs["1:evaluate"] / 2, abs=0.2)
+    assert "stage 13/27 · iteration 1 · evaluate 48/96" in out.getvalue()
+    bar("report", 3, 1, 1)
+    assert bar.bar.n == pytest.approx(bar.bar.total, abs=0.2)
+    bar.close()
+    assert "100%" in out.getvalue()
