@@ -424,11 +424,17 @@ class Watch:
     """Follows a running trainer: new metrics rows (one per step, the latest kept on a resumed step), the log's tail;
     writes them to the stage entry and checks for a cancel."""
 
-    def __init__(self, iteration: Iteration, stage: str, metrics: Path, log: Path, total: int | None = None):
+    def __init__(self, iteration: Iteration, stage: str, metrics: Path, log: Path, total: int | None = None,
+                 plot: bool = True) -> None:  # fmt: skip
         self.iteration, self.stage, self.metrics, self.log = iteration, stage, metrics, log
         self.offset, self.rows, self.total, self.log_size = 0, {}, total, -1
         self.last_write = 0.0
-        self.done: int | None = None  # set by callers whose progress is not the trainer's step (evaluation)
+        self.before = 0  # progress counted before this file (the evaluations already played)
+        self.plot = plot  # the rows are metrics to chart (a trainer's), not only a count (evaluation's episodes)
+
+    def follow(self, metrics: Path, before: int) -> None:
+        """Read `metrics` from its start from now on, its steps counted after `before` done already."""
+        self.metrics, self.offset, self.rows, self.before = metrics, 0, {}, before
 
     def read(self) -> bool:
         """Reads what the trainer wrote since the last call; whether anything changed."""
@@ -448,7 +454,7 @@ class Watch:
                 continue
             if isinstance(row, dict) and isinstance(row.get("step"), int):
                 self.rows[row["step"]] = row
-                self.total = row.get("total_steps") or self.total
+                self.total = self.before + row["total_steps"] if row.get("total_steps") else self.total
                 changed = True
         try:
             size = self.log.stat().st_size
@@ -470,10 +476,10 @@ class Watch:
     def write(self) -> None:
         entry = self.iteration.stages[self.stage]
         steps = sorted(self.rows)
-        entry["metrics"] = [self.rows[s] for s in steps[-METRIC_ROWS:]]
+        if self.plot:
+            entry["metrics"] = [self.rows[s] for s in steps[-METRIC_ROWS:]]
         entry["log_tail"] = subprocesses.tail(self.log, LOG_LINES)
-        done = self.done if self.done is not None else (steps[-1] if steps else 0)
-        progress(self.iteration, self.stage, done, self.total)
+        progress(self.iteration, self.stage, self.before + (steps[-1] if steps else 0), self.total)
 
     def last(self) -> dict[str, Any]:
         return self.rows[max(self.rows)] if self.rows else {}
@@ -545,10 +551,15 @@ def _registry(name: str) -> Any:
 # --- evaluation -------------------------------------------------------------------------------------------------------
 
 
-def eval_command(iteration: Iteration, model: str, tasks: Path) -> list[str]:
+EVAL_EPISODES = 64  # episodes an evaluation plays when config.evaluate names none (the trainer's own default)
+
+
+def eval_command(iteration: Iteration, model: str, tasks: Path, progress: Path | None = None) -> list[str]:
     settings_ = iteration.config.get("evaluate") or {}
-    args = {"env": "sandbox", **{k: v for k, v in settings_.items() if k != "task_ids"}}
+    args = {"env": "sandbox", "episodes": EVAL_EPISODES, **{k: v for k, v in settings_.items() if k != "task_ids"}}
     args.update(model=model, tasks=str(tasks), sandbox_url=settings.SANDBOX_URL)
+    if progress is not None:
+        args["progress"] = str(progress)
     return [sys.executable, "-m", "training", "eval", *options(args)]
 
 
@@ -573,20 +584,25 @@ def run_evaluate_stage(iteration: Iteration) -> dict[str, Any]:
     if earlier is not None:  # the base was measured the same way when its own iteration evaluated it
         results["parent"] = earlier
         runs.pop("parent")
-    watch = Watch(iteration, Stage.EVALUATE, where / "none.jsonl", where / "log.txt", total=len(runs))
+    # progress counts episodes over the runs still to play (each writes one line per episode it ends)
+    episodes = int((iteration.config.get("evaluate") or {}).get("episodes") or EVAL_EPISODES)
+    total = len(runs) * episodes
+    watch = Watch(iteration, Stage.EVALUATE, where / "none.jsonl", where / "log.txt", total=total, plot=False)
     for n, (name, checkpoint) in enumerate(runs.items()):
-        watch.done = n
-        progress(iteration, Stage.EVALUATE, n, len(runs))
+        progress(iteration, Stage.EVALUATE, n * episodes, total)
         found = _result(where / f"{name}.json")
         if found is None:
-            run_child(iteration, Stage.EVALUATE, eval_command(iteration, checkpoint, task_file), watch,
+            played = where / f"{name}.progress.jsonl"
+            played.unlink(missing_ok=True)  # a run cut short starts over
+            watch.follow(played, before=n * episodes)
+            run_child(iteration, Stage.EVALUATE, eval_command(iteration, checkpoint, task_file, played), watch,
                       stdout=where / f"{name}.json.part")  # fmt: skip
             (where / f"{name}.json.part").replace(where / f"{name}.json")
             found = _result(where / f"{name}.json")
             if found is None:
                 raise IterationError(f"the evaluation of {name} printed no JSON result (see {where / 'log.txt'})")
         results[name] = {**found, "setup": setup}
-    progress(iteration, Stage.EVALUATE, len(runs), len(runs))
+    progress(iteration, Stage.EVALUATE, total, total)
     output: dict[str, Any] = {**results, "model_id": model.pk, "parent_id": iteration.base_model_id}
     _registry("record_evaluation")(model, results["new"], results["parent"])
     if iteration.config.get("promote") == "auto":

@@ -34,6 +34,7 @@ EVAL_OPTIONS = (
     "success_threshold",
     "concurrency",
     "out",
+    "progress",
 )
 
 
@@ -127,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     evaluate.add_argument("--success-threshold", type=float, default=1.0, help="success: score at least this")
     evaluate.add_argument("--concurrency", type=int, default=4, help="episodes at once (sandbox, --base-url)")
     evaluate.add_argument("--out", default="", help="keep screenshots and episodes.jsonl here")
+    evaluate.add_argument("--progress", default="", help='append {"step": n, "episodes": total} here as episodes end')
 
     plot = stages.add_parser("plot", help="draw metrics.jsonl curves to a PNG")
     plot.add_argument("run", type=Path, help="a run directory or its metrics.jsonl")

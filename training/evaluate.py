@@ -4,6 +4,7 @@ rate with a Wilson 95 % interval, mean return with its standard error, counts pe
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import tempfile
 import threading
@@ -105,11 +106,12 @@ def summarise(episodes: list[Episode], *, model: str, env: str, errors: list[dic
 
 
 def play(env_factory: Callable[[], Env], ask: Callable[[list[dict[str, Any]]], tuple[Reply, int]], seeds: list[int],
-         *, max_turns: int, concurrency: int) -> tuple[list[Episode], list[dict[str, Any]]]:  # fmt: skip
+         *, max_turns: int, concurrency: int,
+         on_episode: Callable[[int], None] | None = None) -> tuple[list[Episode], list[dict[str, Any]]]:  # fmt: skip
     """One episode per seed, `concurrency` at a time: the episodes in seed order and, for those that could not be
     played (a sandbox failure), what went wrong. An environment plays episode after episode (a sandbox environment
     keeps its browser session for the next task); one whose episode failed is closed and replaced, and every one is
-    closed at the end, whatever happens."""
+    closed at the end, whatever happens. `on_episode(n)` is told how many episodes have ended (played or failed)."""
     done: dict[int, Episode] = {}
     errors: list[dict[str, Any]] = []
     lock = threading.Lock()
@@ -131,11 +133,15 @@ def play(env_factory: Callable[[], Env], ask: Callable[[list[dict[str, Any]]], t
         except Exception as exc:  # one broken episode is reported, not fatal to the evaluation
             with lock:
                 errors.append({"seed": seed, "task_id": getattr(env, "meta", {}).get("task_id"), "error": str(exc)})
+                ended = len(done) + len(errors)
             env.close()  # what it holds may be broken: a later episode starts a new one
-            return
-        with lock:
-            done[seed] = episode
-            idle.append(env)
+        else:
+            with lock:
+                done[seed] = episode
+                idle.append(env)
+                ended = len(done) + len(errors)
+        if on_episode is not None:
+            on_episode(ended)
 
     pool = ThreadPoolExecutor(max_workers=max(1, concurrency))
     try:
@@ -170,10 +176,13 @@ def evaluate_checkpoint(
     success_threshold: float = 1.0,
     concurrency: int = 4,
     out: str = "",
+    progress: str = "",
 ) -> dict[str, Any]:
     """Play `episodes` seeds (greedy by default) with the checkpoint loaded here, or through an OpenAI-compatible
     endpoint (`base_url`, e.g. vLLM serving it as `served_model`), on a text env or on sandbox tasks (seed n plays
-    task n mod count; screenshots and the episodes go to `out`, else to a temporary folder removed afterwards)."""
+    task n mod count; screenshots and the episodes go to `out`, else to a temporary folder removed afterwards).
+    With `progress`, a JSON line `{"step": n, "episodes": total}` is appended to that file as each episode ends
+    (sandbox and endpoint play; the flywheel's evaluate stage shows it live)."""
     if episodes < 1:
         raise ValueError("--episodes must be at least 1")
     seeds = [seed + n for n in range(episodes)]
@@ -192,15 +201,16 @@ def evaluate_checkpoint(
             run_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="eval-")))
         policy = _policy(model_path, sampling, base_url, served_model, api_key)
         policy.base_dir = run_dir
+        ended = progress_writer(stack, progress, episodes)
         if sandbox:
             assert run_dir is not None
             settings = SandboxSettings(found, default_url(sandbox_url), default_api_key(sandbox_api_key),
                                        run_dir / "images", owner="evaluation")  # fmt: skip
             played, errors = play(lambda: make_sandbox_env(env_spec, settings), policy.generate_one, seeds,
-                                  max_turns=max_turns, concurrency=concurrency)  # fmt: skip
+                                  max_turns=max_turns, concurrency=concurrency, on_episode=ended)  # fmt: skip
         elif base_url:
             played, errors = play(lambda: make_text_env(env_spec), policy.generate_one, seeds, max_turns=max_turns,
-                                  concurrency=concurrency)  # fmt: skip
+                                  concurrency=concurrency, on_episode=ended)  # fmt: skip
         else:
             played, errors = collect_sync(lambda: make_text_env(env_spec), policy, seeds, max_turns), []
         report = summarise(played, model=model_path, env=env_spec, errors=errors, threshold=success_threshold)
@@ -210,6 +220,21 @@ def evaluate_checkpoint(
     if played and not sandbox:
         report["example"] = played[0].messages[-1]["content"]
     return report
+
+
+def progress_writer(stack: contextlib.ExitStack, path: str, episodes: int) -> Callable[[int], None] | None:
+    """`on_episode` for `play` that appends `{"step": n, "episodes": total}` to `path` (None without a path)."""
+    if not path:
+        return None
+    handle = stack.enter_context(open(path, "a", encoding="utf-8"))
+    lock = threading.Lock()
+
+    def ended(n: int) -> None:
+        with lock:
+            handle.write(json.dumps({"step": n, "episodes": episodes}) + "\n")
+            handle.flush()
+
+    return ended
 
 
 def _policy(model_path: str, sampling: SamplingParams, base_url: str, served_model: str,

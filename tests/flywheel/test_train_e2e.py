@@ -106,6 +106,9 @@ def test_validate_export_sft_ppo_evaluate_register_promote(media, transactional_
     assert model.stage == "ppo" and model.parent == base and model.checkpoint_uri == ppo["output"]["checkpoint"]
     result = done.stages["evaluate"]["output"]
     assert result["model_id"] == model.pk and result["parent_id"] == base.pk
+    # progress counted in episodes over both evaluations (new, then the base), not charted as training metrics
+    evaluate = done.stages["evaluate"]
+    assert evaluate["done"] == evaluate["total"] == 4 and not evaluate.get("metrics")
     for side in ("new", "parent"):  # an episode whose desktop was lost is in `errors` (and not played, or scored 0)
         played = result[side]
         assert 1 <= played["episodes"] <= 2 and played["episodes"] + len(played.get("errors", [])) >= 2
