@@ -24,7 +24,7 @@ from annotation_app.models import Task, Trajectory
 
 from .locks import advisory_lock
 from .models import Iteration, ModelVersion
-from .rft_attempt import AttemptResult, AttemptSpec, CapacityGate, RolloutSettings, run_attempt
+from .rft_attempt import AttemptResult, AttemptSpec, CapacityGate, RolloutSettings, SessionShelf, run_attempt
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,7 @@ DEFAULTS: dict[str, Any] = {
     "constrain": True,  # grammar-constrained decoding, as live proposals: every reply parses
     "keep_images": 5,  # screenshots sent per turn (the last N), as UI-TARS-1.5 was trained
     "seed": None,  # an integer seeds every request from (seed, task, attempt, turn): a rerun samples the same replies
+    "keep_sessions": True,  # browser attempts hand their session on, reset, instead of starting a Chromium each
 }
 LIMITS = {"attempts": (1, 64), "max_steps": (1, 100), "max_tokens": (16, 4096), "concurrency": (1, 64),
           "keep_images": (1, 50), "seed": (0, 2**31 - 1)}  # fmt: skip
@@ -73,8 +74,9 @@ def check_rft_config(d: dict[str, Any] | None) -> dict[str, Any]:
     if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not 0 <= temperature <= 2:
         raise ValueError(f"rft.temperature must be a number from 0 to 2, got {temperature!r}")
     out["temperature"] = float(temperature)
-    if not isinstance(out["constrain"], bool):
-        raise ValueError("rft.constrain must be true or false")
+    for name in ("constrain", "keep_sessions"):
+        if not isinstance(out[name], bool):
+            raise ValueError(f"rft.{name} must be true or false")
     tasks = out["tasks"]
     if not isinstance(tasks, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t > 0 for t in tasks):
         raise ValueError("rft.tasks must be a list of task ids (positive integers)")
@@ -156,7 +158,7 @@ def settle_half_written(iteration: Iteration) -> int:
     for trajectory in left:
         session = trajectory.metadata.get("rft", {}).get("session")
         if session:
-            client = sandbox_as(f"trajectory:{trajectory.pk}")
+            client = sandbox_as(trajectory.metadata["rft"].get("owner") or f"trajectory:{trajectory.pk}")
             try:
                 release_quietly(client, session)
             finally:
@@ -190,11 +192,13 @@ def run_rft(iteration: Iteration, progress: Callable[[int, int | None], None]) -
             if (task.pk, attempt) not in stored
         ]
         total = len(tasks) * config["attempts"]
-        results = _play_all(plan, _settings(config), config["concurrency"], total - len(plan), total, progress)
+        shelf = SessionShelf(f"rft:{iteration.pk}", keep=config["keep_sessions"])
+        results = _play_all(plan, _settings(config), config["concurrency"], total - len(plan), total, progress, shelf)
     errors = [f"task {r.spec.task_id} attempt {r.spec.attempt}: {r.error}" for r in results if r.error]
     if plan and len(errors) == len(plan):
         raise RFTError(f"every attempt failed ({len(plan)}); the first: {errors[0]}")
-    return summary(iteration, tasks, config["attempts"], skipped=total - len(plan), redone=redone, errors=errors)
+    output = summary(iteration, tasks, config["attempts"], skipped=total - len(plan), redone=redone, errors=errors)
+    return {**output, "browser_sessions": {"attempts": shelf.attempts, "leased": shelf.leased}}
 
 
 def _settings(config: dict[str, Any]) -> RolloutSettings:
@@ -206,9 +210,10 @@ def _settings(config: dict[str, Any]) -> RolloutSettings:
 
 
 def _play_all(plan: list[AttemptSpec], run: RolloutSettings, concurrency: int | None, done: int, total: int,
-              progress: Callable[[int, int | None], None]) -> list[AttemptResult]:  # fmt: skip
+              progress: Callable[[int, int | None], None], shelf: SessionShelf) -> list[AttemptResult]:  # fmt: skip
     """Run the attempts in threads, reporting progress from this thread; on any exception here (a cancel from
-    `progress`, Ctrl-C) the attempts stop and are waited for (each releases its lease) before it propagates."""
+    `progress`, Ctrl-C) the attempts stop and are waited for (each releases its lease or shelves its browser) before
+    it propagates. Browser attempts hand their sessions on through `shelf`, which is emptied at the end."""
     progress(done, total)
     if not plan:
         return []
@@ -217,7 +222,8 @@ def _play_all(plan: list[AttemptSpec], run: RolloutSettings, concurrency: int | 
     results: list[AttemptResult] = []
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rft")
     try:
-        pending: set[Future[AttemptResult]] = {pool.submit(run_attempt, spec, run, gate, stop) for spec in plan}
+        pending: set[Future[AttemptResult]] = {pool.submit(run_attempt, spec, run, gate, stop, shelf)
+                                               for spec in plan}  # fmt: skip
         while pending:
             finished, pending = wait(pending, timeout=PROGRESS_EVERY_S, return_when=FIRST_COMPLETED)
             for future in finished:
@@ -231,6 +237,7 @@ def _play_all(plan: list[AttemptSpec], run: RolloutSettings, concurrency: int | 
         raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+        shelf.drain()
     return results
 
 

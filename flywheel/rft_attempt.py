@@ -29,7 +29,7 @@ from django.db import connection
 from django.utils import timezone
 
 from annotation_app.evaluation import evaluate_trajectory
-from annotation_app.live.sessions import sandbox_as
+from annotation_app.live.sessions import release_quietly, sandbox_as
 from annotation_app.models import Step, Task, Trajectory
 from sandbox.action_regex import proposal_regex
 from sandbox.actions import TERMINAL_ACTIONS, Action, ActionSyntaxError, action_to_dict, format_actions, parse_step
@@ -115,18 +115,55 @@ class CapacityGate:
             self._cond.notify_all()
 
 
+class SessionShelf:
+    """Browser sessions a run keeps between its attempts, all leased by one `owner`: an attempt that ends leaves its
+    session here and the next browser attempt resets it (`SandboxClient.reset`: a blank page, site data cleared)
+    instead of starting a Chromium; the run releases what is left when it ends (`drain`). A crashed run's shelved
+    sessions expire with their lease."""
+
+    def __init__(self, owner: str, keep: bool = True) -> None:
+        self.owner, self.keep = owner, keep  # keep=False: only counts (every attempt leases and releases its own)
+        self._lock = threading.Lock()
+        self._kept: list[tuple[str, dict[str, Any]]] = []
+        self.leased = 0  # sessions allocated for the run's browser attempts (the others reused one)
+        self.attempts = 0  # browser attempts that took a session
+
+    def put(self, session_id: str, info: dict[str, Any]) -> None:
+        with self._lock:
+            self._kept.append((session_id, info))
+
+    def take(self) -> tuple[str, dict[str, Any]] | None:
+        with self._lock:
+            return self._kept.pop() if self._kept else None
+
+    def drain(self) -> list[str]:
+        """Release every kept session (quietly: one already gone is what we wanted); their ids."""
+        with self._lock:
+            kept, self._kept = self._kept, []
+        if kept:
+            client = sandbox_as(self.owner)
+            try:
+                for session_id, _info in kept:
+                    release_quietly(client, session_id)
+            finally:
+                client.close()
+        return [session_id for session_id, _info in kept]
+
+
 class RecordingClient:
     """The sandbox client as SandboxEnv uses it, for one attempt: allocation waits for capacity and records the
     session's frame on the trajectory; setup and steps keep how long their screen took to settle; `evaluate` scores
     through annotation_app.evaluation (the record the live path keeps); release never raises."""
 
     def __init__(self, client: SandboxClient, trajectory: Trajectory, kind: str, gate: CapacityGate,
-                 stop: threading.Event) -> None:  # fmt: skip
+                 stop: threading.Event, shelf: SessionShelf | None = None) -> None:  # fmt: skip
         self.client, self.trajectory, self.kind = client, trajectory, kind
         self.gate, self.stop = gate, stop
+        self.shelf = shelf if kind == "browser" else None  # a desktop is never handed on
         self.info: dict[str, Any] = {}
         self.settle: dict[str, Any] = {}
         self.evaluated = False
+        self.lost = False  # the session died under the attempt: it is not handed on
         self.last_outline: list[Any] | None = None
 
     @property
@@ -135,18 +172,38 @@ class RecordingClient:
         return mapping_for(info["screen_width"], info["screen_height"], info["model_width"], info["model_height"])
 
     def allocate(self, ttl_s: float = 300, kind: str = "desktop") -> dict[str, Any]:
-        info = self.gate.allocate(lambda: self.client.allocate(ttl_s=ttl_s, kind=self.kind), self.stop)
+        info = self.gate.allocate(lambda: self._kept(ttl_s) or self._leased(ttl_s), self.stop)
+        if self.shelf is not None:
+            self.shelf.attempts += 1
         try:
             self.info = info
             trajectory = self.trajectory
             trajectory.screen_width, trajectory.screen_height = info["screen_width"], info["screen_height"]
-            rft = {**trajectory.metadata.get("rft", {}), "session": info["session_id"]}
+            rft = {**trajectory.metadata.get("rft", {}), "session": info["session_id"], "owner": self.client.owner}
             size = [info["model_width"], info["model_height"]]
             trajectory.metadata = {**trajectory.metadata, "rft": rft, "model_size": size, "kind": self.kind}
             trajectory.save(update_fields=["screen_width", "screen_height", "metadata", "updated_at"])
         except BaseException:
             self.release(info["session_id"])
             raise
+        return info
+
+    def _kept(self, ttl_s: float) -> dict[str, Any] | None:
+        """A shelved browser session made fresh for this attempt, if there is one that can be reset."""
+        while self.shelf is not None and self.shelf.keep and (kept := self.shelf.take()) is not None:
+            session_id, info = kept
+            try:
+                self.client.reset(session_id, ttl_s)
+                return info
+            except SandboxError as exc:  # expired or broken meanwhile (a failed reset is reclaimed): try the next
+                log.info("reset of kept sandbox session %s: %s", session_id, exc)
+                release_quietly(self.client, session_id)
+        return None
+
+    def _leased(self, ttl_s: float) -> dict[str, Any]:
+        info = self.client.allocate(ttl_s=ttl_s, kind=self.kind)
+        if self.shelf is not None:
+            self.shelf.leased += 1
         return info
 
     def setup(self, session_id: str, config: list[dict[str, Any]]) -> list[str]:
@@ -187,10 +244,13 @@ class RecordingClient:
             log.info("renewing sandbox session %s: %s", session_id, exc)
 
     def release(self, session_id: str) -> None:
+        """Give the session back, or shelve it for the run's next browser attempt (one that died is let go)."""
         try:
-            self.client.release(session_id)
-        except SandboxError as exc:  # already gone (expired, lost): the state we wanted
-            log.info("release of sandbox session %s: %s", session_id, exc)
+            shelve = self.shelf is not None and self.shelf.keep and not self.lost
+            if shelve and session_id == self.info.get("session_id"):
+                self.shelf.put(session_id, self.info)
+            else:
+                release_quietly(self.client, session_id)
         finally:
             self.gate.released()
 
@@ -276,6 +336,7 @@ class RolloutEnv(SandboxEnv):
             feedback = super().step(reply)
         except SessionGoneError as exc:  # the desktop died (an action may have ended it): the attempt ends here
             self.lost = exc.detail
+            self.client.lost = True
             feedback = Feedback(None, 0.0, True, {"steps": self._steps, "session_lost": exc.detail})
         self.recorder.record(reply, feedback, before, settle, outline)
         return feedback
@@ -314,11 +375,13 @@ def task_spec(task: Task) -> dict[str, Any]:
             "evaluator": task.evaluator, "platform": task.platform}  # fmt: skip
 
 
-def run_attempt(spec: AttemptSpec, run: RolloutSettings, gate: CapacityGate, stop: threading.Event) -> AttemptResult:
-    """Play and store one attempt (in a worker thread); errors are returned, never raised."""
+def run_attempt(spec: AttemptSpec, run: RolloutSettings, gate: CapacityGate, stop: threading.Event,
+                shelf: SessionShelf | None = None) -> AttemptResult:  # fmt: skip
+    """Play and store one attempt (in a worker thread); errors are returned, never raised. With `shelf`, a browser
+    attempt takes a session the run keeps (reset for it) and leaves its own there."""
     result = AttemptResult(spec)
     try:
-        _play(spec, run, gate, stop, result)
+        _play(spec, run, gate, stop, result, shelf)
     except Stopped:
         result.stopped = True
         result.error = "stopped"
@@ -331,7 +394,7 @@ def run_attempt(spec: AttemptSpec, run: RolloutSettings, gate: CapacityGate, sto
 
 
 def _play(spec: AttemptSpec, run: RolloutSettings, gate: CapacityGate, stop: threading.Event,
-          result: AttemptResult) -> None:  # fmt: skip
+          result: AttemptResult, shelf: SessionShelf | None) -> None:  # fmt: skip
     task = Task.objects.get(pk=spec.task_id)
     model = ModelVersion.objects.get(pk=spec.model_id)
     trajectory = Trajectory.objects.create(
@@ -342,7 +405,9 @@ def _play(spec: AttemptSpec, run: RolloutSettings, gate: CapacityGate, stop: thr
     )  # fmt: skip
     result.trajectory_id = trajectory.pk
     kind = "browser" if task.platform == Task.Platform.BROWSER else "desktop"
-    client = RecordingClient(sandbox_as(f"trajectory:{trajectory.pk}"), trajectory, kind, gate, stop)
+    shared = shelf is not None and shelf.keep and kind == "browser"  # kept sessions are leased by the shelf's owner
+    owner = shelf.owner if shared else f"trajectory:{trajectory.pk}"
+    client = RecordingClient(sandbox_as(owner), trajectory, kind, gate, stop, shelf)
     sampling = SamplingParams(max_new_tokens=run.max_tokens, temperature=run.temperature)
     policy = RemotePolicy(model.endpoint_url, model.model_name, sampling, api_key=settings.POLICY_API_KEY,
                           timeout_s=settings.POLICY_TIMEOUT_S, record_logprobs=False)  # fmt: skip
@@ -390,7 +455,8 @@ def _play(spec: AttemptSpec, run: RolloutSettings, gate: CapacityGate, stop: thr
         rft["evaluator_error"] = info["evaluator_error"]
     if env.lost:
         rft["session_lost"] = env.lost
-    rft.pop("session", None)  # released
+    rft.pop("session", None)  # released or shelved
+    rft.pop("owner", None)
     trajectory.metadata = {**trajectory.metadata, "rft": rft}
     trajectory.status, trajectory.submitted_at = Trajectory.Status.SUBMITTED, timezone.now()
     trajectory.save(update_fields=["metadata", "status", "submitted_at", "updated_at"])

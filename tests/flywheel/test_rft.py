@@ -289,6 +289,34 @@ def test_every_attempt_failing_fails_the_stage_with_the_first_error(
     assert live_leases(live_settings) == 0
 
 
+def test_browser_attempts_hand_their_sessions_on_instead_of_starting_a_browser_each(
+    transactional_db, media, live_settings, embedded_model
+):
+    """Browser tasks: the run keeps its sessions (one per attempt in flight at most) and resets each for the next
+    attempt; every attempt still starts on its own task's page and is scored by that page's verifier, and no session
+    is left leased when the stage ends."""
+    import json
+
+    from annotation_app.task_import import import_tasks
+    from sandbox.suite import suite_tasks
+
+    rows = suite_tasks(["click-button"], train=3, heldout=0, levels=[1])
+    import_tasks("\n".join(json.dumps(row) for row in rows).encode(), "suite.jsonl")
+    tasks = list(Task.objects.filter(domain="suite-click-button"))
+    iteration = iteration_for(embedded_model, tasks=[t.pk for t in tasks], attempts=2, max_steps=2, concurrency=2)
+    output = run_rft(iteration, Progress())
+    assert output["attempts"] == 6 and output["error_count"] == 0
+    sessions = output["browser_sessions"]
+    assert sessions["attempts"] == 6 and 1 <= sessions["leased"] <= 2, sessions
+    for trajectory in rollouts_of(iteration).select_related("task"):
+        assert trajectory.metadata["evaluation"]["status"] == "scored", trajectory.metadata["evaluation"]
+        assert trajectory.metadata["kind"] == "browser" and "session" not in trajectory.metadata["rft"]
+        label = trajectory.task.instruction.split("'")[1]  # "Click the button labelled 'X'."
+        first = trajectory.steps.order_by("index").first()
+        assert label in [element["text"] for element in first.outline], first.outline
+    assert live_leases(live_settings) == 0
+
+
 @pytest.mark.django_db
 def test_a_reply_with_nul_is_stored_with_replacement_characters(media):
     """Free decoding (`constrain: false`) can write NUL, which PostgreSQL's text and jsonb refuse: the step is stored
