@@ -97,6 +97,8 @@ MIN_DRILLS, MAX_DRILLS = 32, 200_000  # one batch of drills; about 40 minutes of
 # The full plan's agent is pre-trained on grounding drills (about 7 minutes): without them it picks among a page's
 # elements at chance whatever the flywheel brings (docs/agent.md, "Does it ground?"); `--quick` stays without.
 FULL_DRILLS = 32_000
+FULL_RFT_TEMPERATURE = 0.5
+FULL_ITERATION_SIZES = (8, 5)  # instances of each family annotated live, and sampled by RFT, every iteration
 
 
 def agent_preset() -> str:
@@ -148,12 +150,26 @@ def make_plan(*, quick: bool = False, seed: int = 0, families: list[str] | None 
         rft={"max_tokens": 64} if small else {},
         drills=0 if quick or small else FULL_DRILLS,
     )  # fmt: skip
+    if not (quick or small):
+        plan = full_plan_settings(plan)
     plan = replace(plan, **overrides)
     if plan.drills and not MIN_DRILLS <= plan.drills <= MAX_DRILLS:
         raise DemoError(f"drills must be 0 (none) or from {MIN_DRILLS} to {MAX_DRILLS}")
     if plan.bootstrap_per_family is not None and plan.bootstrap_per_family < 1:
         raise DemoError("the bootstrap must be at least 1 demonstration per family")
     return plan
+
+
+def full_plan_settings(plan: DemoPlan) -> DemoPlan:
+    """The full plan's defaults, each learnt from a run (docs/flywheel.md, "The demonstration"): every instance at
+    difficulty level 2 where each family has it (at level 1 the drilled base starts at half the held-out instances,
+    so no run could double it), RFT sampled at temperature 0.5 (the byte-level agent writes clean text only near its
+    greedy answer) and 8 instances of each family annotated and 5 sampled by RFT every iteration (evaluation keeping
+    its sessions saved the time), so the SFT share and the acceptance are measured on enough trajectories to rise."""
+    if all(2 in family(name).levels for name in plan.families):
+        plan = with_levels(plan, (2,))
+    plan = replace(plan, rft={**plan.rft, "temperature": FULL_RFT_TEMPERATURE})
+    return with_iteration_sizes(plan, *FULL_ITERATION_SIZES)
 
 
 # --- the stack -------------------------------------------------------------------------------------------------------
@@ -643,8 +659,8 @@ def plan_from_options(options: dict[str, Any]) -> DemoPlan:
 
 def with_iteration_sizes(plan: DemoPlan, annotate: int | None, rft_tasks: int | None) -> DemoPlan:
     """`plan` with `annotate` instances of each family done live and `rft_tasks` sampled by RFT every iteration
-    (None: the plan's own), and enough training instances that no iteration repeats one. The first instances stay
-    the plan's, so the bootstrap and iteration 0 are the same as without these options."""
+    (None: the plan's own), and enough training instances at its levels that no iteration repeats one. The first
+    instances stay the plan's, so the bootstrap and iteration 0 are the same as without these options."""
     sizes = {}
     for option, value, field_ in (("--annotate", annotate, "annotate_per_iteration"),
                                   ("--rft-tasks", rft_tasks, "rft_tasks_per_iteration")):  # fmt: skip
@@ -653,8 +669,6 @@ def with_iteration_sizes(plan: DemoPlan, annotate: int | None, rft_tasks: int | 
         if not 0 <= value <= MAX_PER_FAMILY:
             raise DemoError(f"{option} takes 0 to {MAX_PER_FAMILY} instances per family, got {value}")
         sizes[field_] = value * len(plan.families)
-    if not sizes:
-        return plan
     plan = replace(plan, **sizes)
     per_family = -(-(plan.annotate_per_iteration + plan.rft_tasks_per_iteration) // len(plan.families))
     needed = (plan.bootstrap_per_family or 0) + plan.iterations * per_family  # of each family, all levels together

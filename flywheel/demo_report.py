@@ -289,7 +289,7 @@ def plot_png(report: dict[str, Any]) -> bytes:
 
     rows = [r for r in report["iterations"]]
     xs = [r["number"] for r in rows]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.4))
     ax = axes[0]
     overall = [r["heldout"]["overall"] if r["heldout"] else None for r in rows]
     ys = [_pct(o["rate"]) if o else float("nan") for o in overall]
@@ -306,7 +306,7 @@ def plot_png(report: dict[str, Any]) -> bytes:
         label = f"untrained + {drills} drills" if drills else "untrained"
         ax.axhline(_pct(report["untrained"]["overall"]["rate"]), color="grey", lw=0.8, ls=":", label=label)
     ax.set(title="Held-out success", xlabel="iteration", ylabel="%", ylim=(-2, 102))
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the plot: never over a line
     ax = axes[1]
     ax.plot(xs, [_pct(r["sft_share"]["rate"]) for r in rows], "s-", label="new trajectories routed to SFT")
     ax.plot(xs, [_pct((r["acceptance"] or {}).get("rate")) for r in rows], "^-", label="proposals accepted")
@@ -320,7 +320,7 @@ def plot_png(report: dict[str, Any]) -> bytes:
             ax.bar(xs, seconds, bottom=bottom, label=stage)
             bottom = [b + s for b, s in zip(bottom, seconds, strict=True)]
     ax.set(title="Wall time per stage", xlabel="iteration", ylabel="s")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     for ax in axes:
         ax.set_xticks(xs)
     fig.suptitle(f"Flywheel demonstration {report['root']}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from dataclasses import replace
 
 import pytest
 from django.core.management import call_command
@@ -91,31 +92,38 @@ def test_every_iteration_annotates_and_samples_the_same_number_of_instances_of_e
             for chosen in iteration_tasks(plan, fresh, number):
                 counts = Counter(t.metadata["suite"] for t in chosen)
                 assert set(counts) == set(plan.families) and len(set(counts.values())) == 1, (plan.families, counts)
-    assert (make_plan().annotate_per_iteration, make_plan().rft_tasks_per_iteration) == (24, 18)
+    assert (make_plan().annotate_per_iteration, make_plan().rft_tasks_per_iteration) == (48, 30)
 
 
-def test_bigger_iterations_take_more_instances_of_each_family_and_never_repeat_one():
-    """--annotate and --rft-tasks: per family and iteration; the plan grows its training instances so that no
-    iteration takes one again, and keeps its first ones (the bootstrap and iteration 0 do not change)."""
+def test_the_full_plan_is_level_2_with_cooler_rft_and_bigger_iterations_that_never_repeat_an_instance():
+    """The full plan's defaults (the run that met every goal at seed 0): level 2, RFT at temperature 0.5, 8
+    instances of each family annotated and 5 sampled by RFT per iteration. --annotate and --rft-tasks set those per
+    family; the plan grows its training instances so that no iteration takes one again, and keeps its first ones
+    (the bootstrap and iteration 0 do not change)."""
     from types import SimpleNamespace
 
     from flywheel.demo import iteration_tasks, split_training
 
-    base = {"quick": False, "seed": 1, "levels": "2"}
-    usual = demo.plan_from_options(base)
-    bigger = demo.plan_from_options({**base, "annotate": 8, "rft_tasks": 5})
-    assert (bigger.annotate_per_iteration, bigger.rft_tasks_per_iteration) == (48, 30)
-    assert bigger.train_per_family == 2 + 3 * (8 + 5) and usual.train_per_family == 24
+    base = {"quick": False, "seed": 1}
+    bigger = demo.plan_from_options(base)
+    assert bigger == demo.plan_from_options({**base, "levels": "2", "rft_temperature": 0.5, "annotate": 8,
+                                             "rft_tasks": 5})  # fmt: skip
+    assert (bigger.annotate_per_iteration, bigger.rft_tasks_per_iteration, bigger.rft) == (48, 30, {"temperature": 0.5})
+    assert bigger.train_per_family == 2 + 3 * (8 + 5)
     assert (bigger.bootstrap_per_family, bigger.heldout_per_family, bigger.levels) == (2, 16, (2,))
+    usual = replace(bigger, train_per_family=24)  # the former default's instances: the first of the same seeds
     tasks = [SimpleNamespace(pk=(name, n), metadata={"suite": name}) for name in bigger.families
              for n in range(bigger.train_per_family)]  # fmt: skip
     bootstrap, fresh = split_training(bigger, tasks)
     assert bootstrap == split_training(usual, [t for t in tasks if t.pk[1] < usual.train_per_family])[0]
     taken = [t.pk for number in (1, 2, 3) for chosen in iteration_tasks(bigger, fresh, number) for t in chosen]
     assert len(taken) == 3 * (48 + 30) == len(set(taken))  # every instance once
-    mixed = demo.plan_from_options({**base, "levels": "1,2", "annotate": 8, "rft_tasks": 5})
-    assert mixed.train_per_family == 21  # per level: 42 of each family over the two levels
-    assert demo.plan_from_options({**base, "annotate": 2}).train_per_family == 24  # never fewer than the plan's
+    mixed = demo.plan_from_options({**base, "levels": "1,2"})
+    assert mixed.train_per_family == 21 and mixed.heldout_per_family == 8  # per level: 42 and 16 of each family
+    smaller = demo.plan_from_options({**base, "annotate": 2, "rft_tasks": 1})
+    assert (smaller.annotate_per_iteration, smaller.train_per_family) == (12, 41)  # never fewer than the plan's
+    quick = make_plan(quick=True)
+    assert (quick.levels, quick.rft, quick.annotate_per_iteration) == ((1,), {}, 4)  # --quick stays as it was
     with pytest.raises(CommandError, match="--annotate takes 0 to 20 instances per family, got 21"):
         call_command("flywheel", "demo", "--annotate", "21")
     with pytest.raises(CommandError, match="--rft-tasks takes 0 to 20 instances per family, got -1"):
@@ -140,14 +148,16 @@ def test_the_command_names_what_is_not_running(settings, db):
     assert demo.plan_from_options({"quick": False, "seed": 0, "bootstrap": 1}).bootstrap_per_family == 1
     assert demo.plan_from_options({"quick": False, "seed": 0}).bootstrap_per_family == 2
     mixed = demo.plan_from_options({"quick": False, "seed": 0, "levels": "2,1"})
-    assert (mixed.levels, mixed.train_per_family, mixed.heldout_per_family) == ((1, 2), 12, 8)  # the same totals
+    # the same held-out total (8 of each level), and training instances enough for every iteration at either level
+    assert (mixed.levels, mixed.train_per_family, mixed.heldout_per_family) == ((1, 2), 21, 8)
     with pytest.raises(CommandError, match="levels 1,3 are not all had by every family"):
         call_command("flywheel", "demo", "--levels", "1,3")
     with pytest.raises(CommandError, match="--levels takes comma-separated numbers"):
         call_command("flywheel", "demo", "--levels", "one")
-    cooler = demo.plan_from_options({"quick": False, "seed": 0, "rft_temperature": 0.5})
-    assert cooler.rft["temperature"] == 0.5
-    assert "temperature" not in demo.plan_from_options({"quick": False, "seed": 0}).rft  # rft.py's default: 1
+    warmer = demo.plan_from_options({"quick": False, "seed": 0, "rft_temperature": 1.0})
+    assert warmer.rft["temperature"] == 1.0 and demo.plan_from_options({"quick": False, "seed": 0}).rft == {
+        "temperature": 0.5}  # fmt: skip
+    assert "temperature" not in demo.plan_from_options({"quick": True, "seed": 0}).rft  # rft.py's default: 1
     with pytest.raises(
         CommandError, match=r"--rft-temperature 3: rft.temperature must be a number from 0 to 2, got 3\.0"
     ):

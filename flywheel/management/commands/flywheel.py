@@ -70,25 +70,26 @@ class Command(BaseCommand):
         demo.add_argument(
             "--levels",
             default="",
-            help="comma-separated difficulty levels (default 1); the plan's instances per family are shared among them",
+            help="comma-separated difficulty levels (default 2, 1 with --quick); the plan's instances per family are "
+            "shared among them",
         )
         demo.add_argument(
             "--rft-temperature",
             type=float,
             default=None,
-            help="sampling temperature of RFT's attempts (0-2; default 1)",
+            help="sampling temperature of RFT's attempts (0-2; default 0.5, 1 with --quick)",
         )
         demo.add_argument(
             "--annotate",
             type=int,
             default=None,
-            help="instances of each family the simulated annotators do live every iteration (default 4)",
+            help="instances of each family the simulated annotators do live each iteration (default 8, 2 with --quick)",
         )
         demo.add_argument(
             "--rft-tasks",
             type=int,
             default=None,
-            help="instances of each family RFT samples every iteration (default 3)",
+            help="instances of each family RFT samples every iteration (default 5, 2 with --quick)",
         )
         demo.add_argument("--base-url", default="", help="the web app the simulated annotators use (default: WEB_PORT)")
         demo.add_argument("--out", default="", help="folder for report.json and report.png (default: var/demo/<run>)")
