@@ -23,6 +23,17 @@ def _number(value: Any) -> float | None:
 
 
 @register.filter
+def in_run_order(stages: Any) -> list[tuple[str, Any]]:
+    """An iteration's stage entries as (name, entry) in the order the stages run (Stage), not the stored order:
+    PostgreSQL's jsonb keeps object keys sorted by length, which listed "validate" after "evaluate"."""
+    from flywheel.models import Stage
+
+    order = {stage.value: n for n, stage in enumerate(Stage)}
+    items = list(stages.items()) if isinstance(stages, dict) else []
+    return sorted(items, key=lambda item: order.get(item[0], len(order)))
+
+
+@register.filter
 def earlier_files(version: Any) -> int:
     """How many of a store version's manifest files belong to its earlier versions (listed by reference)."""
     return sum(1 for f in version.manifest.get("files", []) if f.get("version") != version.number)
@@ -47,7 +58,7 @@ def training_stages(iteration: Any) -> list[dict[str, Any]]:
     """The iteration's training stages (CT, SFT, value, PPO) as the page shows them: step N of M, the last loss and
     reward, the log tail, the command and run directory."""
     rows = []
-    for name, entry in (getattr(iteration, "stages", None) or {}).items():
+    for name, entry in in_run_order(getattr(iteration, "stages", None)):
         if name not in TRAINING_STAGES:
             continue
         entry = entry if isinstance(entry, dict) else {}

@@ -99,6 +99,20 @@ def test_the_iteration_page_renders_every_state(client, make_user, state):
         assert "the trainer exited with 1" in html
 
 
+def test_the_stages_are_listed_in_the_order_they_run_not_as_the_database_keeps_them(client, make_user):
+    """jsonb sorts an object's keys by length, then bytes ("ppo", "rft", "sft", "export", …): the page lists the
+    stages as they run, with an unknown stage name last."""
+    names = ["rft", "validate", "export", "sft", "ppo", "evaluate"]
+    stages = {name: {"status": "done", "done": 1, "total": 1} for name in names} | {"later": {"status": "done"}}
+    iteration = Iteration.objects.create(status="succeeded", selected_stages=names, stages=stages)
+    iteration.refresh_from_db()
+    assert list(iteration.stages)[:3] == ["ppo", "rft", "sft"]  # what PostgreSQL gives back
+    client.force_login(make_user(Role.ML_ENGINEER))
+    html = client.get(reverse("flywheel-iteration", args=[iteration.pk]), HTTP_HX_REQUEST="true").content.decode()
+    rows = [html.index(f"<tr><td>{name}</td>") for name in [*names, "later"]]
+    assert rows == sorted(rows)
+
+
 # --- the registry page -----------------------------------------------------------------------------------------------
 
 
