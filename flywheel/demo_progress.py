@@ -12,12 +12,12 @@ if TYPE_CHECKING:
 
 # Seconds per unit of work on the 2-core reference machine (docs/flywheel.md, the level-2 runs of 2026-11-28 with
 # evaluation keeping its sessions). Only their ratios matter: the bar's rate, and so its ETA, is measured as it runs.
-DRILL_S = 0.0097  # per grounding drill (32,000 in 309 s)
+DRILL_S = 0.0105  # per grounding drill (32,000 in 309-351 s)
 DEMONSTRATION_S = 1.4  # per oracle demonstration (12 in 16.7 s)
 SFT_STEP_S = 0.15  # per SFT optimizer step and episode step allowed (200 steps at 6 in 170-189 s)
 EVALUATE_STEP_S = 0.22  # per held-out episode step allowed (96 episodes of 6 steps in 113-132 s)
-ANNOTATE_STEP_S = 0.65  # per annotated episode step allowed (48 episodes of 6 steps in 165-221 s)
-RFT_STEP_S = 0.35  # per RFT attempt step allowed (60 attempts of 6 steps in 113-136 s)
+ANNOTATE_STEP_S = 0.75  # per annotated episode step allowed (48 episodes of 6 steps in 165-246 s)
+RFT_STEP_S = 0.25  # per RFT attempt step allowed (60 attempts of 6 steps in 86-136 s; less with kept sessions)
 PPO_S = 16.0  # one short round (14-19 s)
 BOOKKEEPING_S = 0.5  # validate, export: database work, under a second
 
@@ -39,8 +39,9 @@ def stage_costs(plan: DemoPlan, bootstrap: list[str], loop: list[str]) -> dict[s
     costs = {"0:drills": plan.drills * DRILL_S} if plan.drills else {}
     costs["0:demonstrations"] = bootstrap_demos * DEMONSTRATION_S
     for stage in bootstrap:
-        # iteration 0 evaluates the untrained (or drilled) base as well as its own model
-        costs[f"0:{stage}"] = 2 * evaluate if stage == "evaluate" else per_stage.get(stage, BOOKKEEPING_S)
+        # iteration 0 evaluates the untrained (or drilled) base as well as its own model, and the base plays most
+        # episodes to their step limit: 2.5-3 times a later evaluation (407 s against 111-161 at level 2)
+        costs[f"0:{stage}"] = 3 * evaluate if stage == "evaluate" else per_stage.get(stage, BOOKKEEPING_S)
     for number in range(1, plan.iterations + 1):
         for stage in ["annotation", *loop]:
             costs[f"{number}:{stage}"] = per_stage.get(stage, BOOKKEEPING_S)

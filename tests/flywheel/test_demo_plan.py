@@ -264,7 +264,7 @@ def test_the_progress_bar_measures_work_not_stages_so_its_eta_holds_from_the_fir
     # measured on the reference machine (seed 1, these sizes): drills 309 of 2826 s, iteration 0 925 s
     assert 0.06 < costs["0:drills"] / total < 0.2
     assert 0.2 < sum(c for unit, c in costs.items() if unit.startswith("0:")) / total < 0.45
-    assert costs["1:sft"] > 100 * costs["1:validate"] and costs["0:evaluate"] == 2 * costs["1:evaluate"]
+    assert costs["1:sft"] > 100 * costs["1:validate"] and costs["0:evaluate"] == 3 * costs["1:evaluate"]
     quick = demo.plan_from_options({"quick": True, "seed": 0})
     assert (
         "0:drills" not in stage_costs(quick, ["sft"], ["rft"])
