@@ -5,10 +5,25 @@ second where its SFT takes three minutes)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from .demo import DemoPlan
+
+class DemoPlan(Protocol):
+    """What the progress display reads of `flywheel.demo.DemoPlan` (not imported: demo imports this module)."""
+
+    families: tuple[str, ...]
+    iterations: int
+    train_per_family: int
+    heldout_per_family: int
+    bootstrap_per_family: int | None
+    demos_per_task: int
+    annotate_per_iteration: int
+    rft_tasks_per_iteration: int
+    rft_attempts: int
+    max_steps: int
+    drills: int
+    train: dict[str, Any]
+
 
 # Seconds per unit of work on the 2-core reference machine (docs/flywheel.md, the level-2 runs of 2026-11-28 with
 # evaluation keeping its sessions). Only their ratios matter: the bar's rate, and so its ETA, is measured as it runs.
