@@ -128,6 +128,12 @@ class SessionShelf:
         self.leased = 0  # sessions allocated for the run's browser attempts (the others reused one)
         self.attempts = 0  # browser attempts that took a session
 
+    def count(self, *, leased: bool) -> None:
+        """One browser attempt took a session: a new one (`leased`) or one handed on (from worker threads)."""
+        with self._lock:
+            self.attempts += 1
+            self.leased += leased
+
     def put(self, session_id: str, info: dict[str, Any]) -> None:
         with self._lock:
             self._kept.append((session_id, info))
@@ -136,8 +142,8 @@ class SessionShelf:
         with self._lock:
             return self._kept.pop() if self._kept else None
 
-    def drain(self) -> list[str]:
-        """Release every kept session (quietly: one already gone is what we wanted); their ids."""
+    def drain(self) -> None:
+        """Release every kept session (quietly: one already gone is what we wanted)."""
         with self._lock:
             kept, self._kept = self._kept, []
         if kept:
@@ -147,7 +153,6 @@ class SessionShelf:
                     release_quietly(client, session_id)
             finally:
                 client.close()
-        return [session_id for session_id, _info in kept]
 
 
 class RecordingClient:
@@ -172,9 +177,16 @@ class RecordingClient:
         return mapping_for(info["screen_width"], info["screen_height"], info["model_width"], info["model_height"])
 
     def allocate(self, ttl_s: float = 300, kind: str = "desktop") -> dict[str, Any]:
-        info = self.gate.allocate(lambda: self._kept(ttl_s) or self._leased(ttl_s), self.stop)
+        kept = None
+
+        def take_or_lease() -> dict[str, Any]:
+            nonlocal kept
+            kept = self._kept(ttl_s)
+            return kept or self.client.allocate(ttl_s=ttl_s, kind=self.kind)
+
+        info = self.gate.allocate(take_or_lease, self.stop)
         if self.shelf is not None:
-            self.shelf.attempts += 1
+            self.shelf.count(leased=kept is None)
         try:
             self.info = info
             trajectory = self.trajectory
@@ -199,12 +211,6 @@ class RecordingClient:
                 log.info("reset of kept sandbox session %s: %s", session_id, exc)
                 release_quietly(self.client, session_id)
         return None
-
-    def _leased(self, ttl_s: float) -> dict[str, Any]:
-        info = self.client.allocate(ttl_s=ttl_s, kind=self.kind)
-        if self.shelf is not None:
-            self.shelf.leased += 1
-        return info
 
     def setup(self, session_id: str, config: list[dict[str, Any]]) -> list[str]:
         done, settled = self.client.setup_settled(session_id, config)
