@@ -554,9 +554,15 @@ def _registry(name: str) -> Any:
 EVAL_EPISODES = 64  # episodes an evaluation plays when config.evaluate names none (the trainer's own default)
 
 
+def eval_episodes(iteration: Iteration) -> int:
+    """Episodes each evaluation of the iteration plays (config.evaluate.episodes, else EVAL_EPISODES)."""
+    return int((iteration.config.get("evaluate") or {}).get("episodes") or EVAL_EPISODES)
+
+
 def eval_command(iteration: Iteration, model: str, tasks: Path, progress: Path | None = None) -> list[str]:
     settings_ = iteration.config.get("evaluate") or {}
-    args = {"env": "sandbox", "episodes": EVAL_EPISODES, **{k: v for k, v in settings_.items() if k != "task_ids"}}
+    args = {"env": "sandbox", **{k: v for k, v in settings_.items() if k != "task_ids"}}
+    args["episodes"] = eval_episodes(iteration)
     args.update(model=model, tasks=str(tasks), sandbox_url=settings.SANDBOX_URL)
     if progress is not None:
         args["progress"] = str(progress)
@@ -585,7 +591,7 @@ def run_evaluate_stage(iteration: Iteration) -> dict[str, Any]:
         results["parent"] = earlier
         runs.pop("parent")
     # progress counts episodes over the runs still to play (each writes one line per episode it ends)
-    episodes = int((iteration.config.get("evaluate") or {}).get("episodes") or EVAL_EPISODES)
+    episodes = eval_episodes(iteration)
     total = len(runs) * episodes
     watch = Watch(iteration, Stage.EVALUATE, where / "none.jsonl", where / "log.txt", total=total, plot=False)
     for n, (name, checkpoint) in enumerate(runs.items()):
