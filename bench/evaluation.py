@@ -49,6 +49,12 @@ def run(model: str, tasks: Path, episodes: int, reuse: bool, args: argparse.Name
     return {"wall": wall, "cpu": cpu, "episodes": report["episodes"], "successes": report["successes"], "wins": wins}
 
 
+def pace(runs: list[dict], unit: str) -> tuple[float, float]:
+    """Over `runs` (each with `wall`, `cpu` and a count under `unit`): units per second, and CPU-seconds per unit."""
+    units = sum(r[unit] for r in runs)
+    return units / sum(r["wall"] for r in runs), sum(r["cpu"] for r in runs) / units
+
+
 def _key_file() -> str:
     path = Path(__file__).resolve().parent.parent / "var" / "sandbox-api-key"
     return path.read_text().strip() if path.is_file() else ""
@@ -80,12 +86,10 @@ def main() -> None:
           f"concurrency {args.concurrency}; same episodes won in every run: {same}\n")  # fmt: skip
     print("| sessions | episodes/s | CPU-s per episode | successes | × episodes/s | × CPU-s |")
     print("|---|---:|---:|---:|---:|---:|")
-    base_rate = sum(r["episodes"] for r in base) / sum(r["wall"] for r in base)
-    base_cpu = sum(r["cpu"] for r in base) / sum(r["episodes"] for r in base)
+    base_rate, base_cpu = pace(base, "episodes")
     for reuse, name in ((False, "fresh per episode (baseline)"), (True, "kept and reset (reuse=1)")):
         rs = results[reuse]
-        rate = sum(r["episodes"] for r in rs) / sum(r["wall"] for r in rs)
-        cpu = sum(r["cpu"] for r in rs) / sum(r["episodes"] for r in rs)
+        rate, cpu = pace(rs, "episodes")
         wins = "/".join(str(r["successes"]) for r in rs)
         print(f"| {name} | {rate:.2f} | {cpu:.2f} | {wins} | {rate / base_rate:.2f} | {cpu / base_cpu:.2f} |")
 

@@ -28,7 +28,7 @@ import django  # noqa: E402
 
 django.setup()
 
-from evaluation import FAMILIES, _key_file, machine_cpu_s  # noqa: E402 - bench/evaluation.py, beside this file
+from evaluation import FAMILIES, _key_file, machine_cpu_s, pace  # noqa: E402 - bench/evaluation.py, beside this file
 
 from annotation_app.models import Task, Trajectory  # noqa: E402
 from annotation_app.task_import import import_tasks  # noqa: E402
@@ -110,12 +110,10 @@ def main() -> None:
     print("| browser sessions | attempts/s | CPU-s per attempt | sessions started | successes | × attempts/s | × CPU |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     base = results[False]
-    base_rate = sum(r["attempts"] for r in base) / sum(r["wall"] for r in base)
-    base_cpu = sum(r["cpu"] for r in base) / sum(r["attempts"] for r in base)
+    base_rate, base_cpu = pace(base, "attempts")
     for keep, name in ((False, "one per attempt (baseline)"), (True, "kept and reset (keep_sessions)")):
         rs = results[keep]
-        rate = sum(r["attempts"] for r in rs) / sum(r["wall"] for r in rs)
-        cpu = sum(r["cpu"] for r in rs) / sum(r["attempts"] for r in rs)
+        rate, cpu = pace(rs, "attempts")
         started = "/".join(str(r["sessions"]) for r in rs)
         wins = "/".join(str(r["successes"]) for r in rs)
         print(f"| {name} | {rate:.2f} | {cpu:.2f} | {started} | {wins} | {rate / base_rate:.2f} | "
